@@ -1,0 +1,111 @@
+"""Run a learner's script (or any command) as a separate process group, with a time limit.
+
+Everything the lab launches goes through here, so that every launch gets the same
+treatment: one thread per process (several processes on a few cores otherwise fight over
+them), unbuffered output, a wall-clock limit, and afterwards no process of the group left
+alive, whether the command finished, crashed or hung.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+PYTHON = sys.executable
+
+
+@dataclass
+class Result:
+    """What a launched command did."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    seconds: float
+    leftover: bool  # processes of its group were still alive after it exited (now killed)
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now (the system picks it)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, set up for launching training processes on few cores."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
+def start(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
+          env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start `cmd` in a new session (its own process group), output captured as text."""
+    return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=child_env(env), text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = None) -> Result:
+    """Wait for a started command up to `timeout` seconds, then kill whatever is left of its group."""
+    started = time.monotonic() if started is None else started
+    pgid = proc.pid  # start_new_session makes the child the leader of its own group
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=max(0.0, timeout - (time.monotonic() - started)))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(pgid)
+        stdout, stderr = proc.communicate()
+    seconds = time.monotonic() - started
+    leftover = False
+    if not timed_out:
+        deadline = time.monotonic() + 1.0  # processes that are exiting get a moment to do so
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        leftover = _group_alive(pgid)
+    _kill_group(pgid)
+    return Result(proc.returncode, stdout, stderr, timed_out, seconds, leftover)
+
+
+def run(cmd: Sequence[str | Path], *, timeout: float, cwd: str | Path | None = None,
+        env: Mapping[str, str] | None = None) -> Result:
+    """Run `cmd` to the end or to `timeout` seconds, whichever comes first."""
+    started = time.monotonic()
+    return finish(start(cmd, cwd=cwd, env=env), timeout, started)
+
+
+def run_python(script: str | Path, *args: str | Path, timeout: float, cwd: str | Path | None = None,
+               env: Mapping[str, str] | None = None) -> Result:
+    """Run a Python script with this interpreter; see `run`."""
+    return run([PYTHON, script, *args], timeout=timeout, cwd=cwd, env=env)

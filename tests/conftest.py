@@ -1,0 +1,80 @@
+"""Shared set-up: small stand-in data, and launching the lab's scripts the way a learner does."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchvision.datasets import FashionMNIST
+from torchvision.transforms import ToTensor
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autograde import data, launch  # noqa: E402
+
+SOLUTIONS = ROOT / "solutions"
+STARTER = ROOT / "fashion_mnist.py"
+SOLUTION = SOLUTIONS / "fashion_mnist_solution.py"
+PROBE = Path(__file__).resolve().parent / "probe"
+TRAIN_SIZE, VAL_SIZE = 640, 301  # 301: two processes' validation shards need the sampler's padding
+# Small and quick: the narrow model, one thread per process, big enough batches.
+QUICK = ["--widen-factor", "1", "--batch-size", "64", "--epochs", "1"]
+
+
+def snapshot(step: int) -> Path:
+    return SOLUTIONS / f"fashion_mnist_after_step_{step}.py"
+
+
+@pytest.fixture(scope="session")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic stand-in in Fashion-MNIST's format (clearly not the real data set)."""
+    root = tmp_path_factory.mktemp("stand_in")
+    data.write_synthetic(root, TRAIN_SIZE, VAL_SIZE, seed=3)
+    return root
+
+
+def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment that loads tests/probe/sitecustomize.py into every launched process."""
+    return {"PYTHONPATH": str(PROBE), "DDP_LAB_PROBE_DIR": str(probe_dir), **extra}
+
+
+def load_module(path: Path) -> ModuleType:
+    """The lab script as a module (its main() is not run), to build its model in a test."""
+    spec = importlib.util.spec_from_file_location(f"lab_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_metrics(script: Path, weights: dict[str, torch.Tensor], root: Path,
+                      widen_factor: int = 1) -> tuple[float, float]:
+    """Validation loss and accuracy of `weights` over the whole validation set, in one process."""
+    model = load_module(script).WideResNet(widen_factor)
+    model.load_state_dict(weights)
+    model.eval()
+    val_set = FashionMNIST(str(root), train=False, transform=ToTensor())
+    loss_sum, correct = 0.0, 0
+    with torch.no_grad():
+        for images, labels in torch.utils.data.DataLoader(val_set, batch_size=100):
+            outputs = model(images)
+            loss_sum += F.cross_entropy(outputs, labels, reduction="sum").item()
+            correct += int((outputs.argmax(1) == labels).sum())
+    return loss_sum / len(val_set), correct / len(val_set)
+
+
+def assert_clean_error(result: launch.Result, *words: str) -> None:
+    """A non-zero exit with one error line that mentions `words`, no traceback, nothing left running."""
+    assert not result.timed_out, f"hung instead of failing:\n{result.output}"
+    assert result.returncode != 0, result.output
+    assert "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, result.output
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert not result.leftover, "processes were left running"

@@ -60,13 +60,23 @@ def start(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    """True while a process of the group is still running (exited, unreaped zombies do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel whether the group exists at all
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
         return True
-    return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process went away while we looked
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state != "Z":
+            return True
+    return False
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,0 +1,61 @@
+"""Bad input gets one clear line and a non-zero exit: no traceback, no hang, nothing left running."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograde import launch
+from conftest import QUICK, SOLUTION, STARTER, assert_clean_error
+
+# Stands in for "no network": urllib sends every download to a port where nothing listens.
+OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+
+
+def solution(*args: str | Path, timeout: float = 60, env: dict[str, str] | None = None) -> launch.Result:
+    return launch.run_python(SOLUTION, *args, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--num-gpus", "0"], ["--num-gpus", "at least 1"]),
+    (["--num-nodes", "0"], ["--num-nodes", "at least 1"]),
+    (["--num-nodes", "2", "--node-id", "2"], ["--node-id", "between 0 and 1"]),
+    (["--node-id", "-1"], ["--node-id"]),
+    (["--num-gpus", "two"], ["--num-gpus", "invalid int"]),
+])
+def test_impossible_layouts_are_refused(args: list[str], words: list[str]) -> None:
+    assert_clean_error(solution(*args, "--master-port", str(launch.free_port())), *words)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU machine: CI has none")
+def test_more_processes_than_gpus_is_refused() -> None:
+    result = solution("--num-gpus", str(torch.cuda.device_count() + 1))
+    assert_clean_error(result, "--num-gpus", "GPU")
+
+
+def test_busy_master_port_is_refused(stand_in: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = solution("--num-gpus", "2", "--data-dir", stand_in, *QUICK, "--master-port", str(port))
+    assert_clean_error(result, f"port {port} is busy", "--master-port")
+
+
+@pytest.mark.parametrize("script", [STARTER, SOLUTION], ids=["starter", "solution"])
+def test_offline_without_data_says_where_to_put_it(script: Path, tmp_path: Path) -> None:
+    args = ["--data-dir", tmp_path / "data", *QUICK]
+    if script == SOLUTION:
+        args += ["--num-gpus", "2", "--master-port", str(launch.free_port())]
+    result = launch.run_python(script, *args, timeout=90, env=OFFLINE)
+    assert_clean_error(result, "no Fashion-MNIST", str(tmp_path / "data"), "make synthetic-data")
+
+
+def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = solution("--num-gpus", "2", "--data-dir", blocker / "data", *QUICK,
+                      "--master-port", str(launch.free_port()), env=OFFLINE)
+    assert_clean_error(result, "no Fashion-MNIST", "a_file")

@@ -215,6 +215,7 @@ def main():
 
     # TODO Step 2: compute args.world_size (processes on all nodes) and tell every process
     # where global rank 0 listens: set os.environ["MASTER_ADDR"] and os.environ["MASTER_PORT"].
+    # (The solution also refuses impossible values and a busy port, with one clear line each.)
 
     # TODO Step 3: call worker(0, args) instead.
     # TODO Step 10: start args.num_gpus processes with mp.spawn(worker, args=(args,), nprocs=args.num_gpus).

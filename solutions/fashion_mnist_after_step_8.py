@@ -248,6 +248,7 @@ def main():
 
     # Step 2: compute args.world_size (processes on all nodes) and tell every process
     # where global rank 0 listens: set os.environ["MASTER_ADDR"] and os.environ["MASTER_PORT"].
+    # (The solution also refuses impossible values and a busy port, with one clear line each.)
     if args.num_nodes < 1 or args.num_gpus < 1:
         parser.error("--num-nodes and --num-gpus must be at least 1")
     if not 0 <= args.node_id < args.num_nodes:

@@ -67,6 +67,17 @@ def test_sync_bn_on_cpu_says_so_and_goes_on(stand_in: Path, tmp_path: Path) -> N
     assert len(output.epochs(result.stdout)) == 1
 
 
+def test_early_stopping_is_decided_together(stand_in: Path, tmp_path: Path) -> None:
+    # Any accuracy reaches a target of 0: every rank must stop after epoch 1, together. A rank
+    # that decided alone would leave the other waiting in a collective until the time limit.
+    result = launch.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK[:-2], "--epochs", "5",
+                               "--target-accuracy", "0", "--patience", "1",
+                               "--master-port", str(launch.free_port()), timeout=120)
+    assert result.returncode == 0, result.output
+    assert [e.epoch for e in output.epochs(result.stdout)] == [1]
+    assert result.stdout.count("stopping") == 1
+
+
 def test_a_crash_in_one_rank_stops_every_rank(stand_in: Path, tmp_path: Path) -> None:
     result = launch.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK,
                                "--master-port", str(launch.free_port()), timeout=120,

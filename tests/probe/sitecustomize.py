@@ -8,7 +8,9 @@ script without changing it:
   $DDP_LAB_PROBE_DIR/rank<global rank>.pt, so the last save is the model behind the last
   printed validation metrics;
 - with DDP_LAB_PROBE_CRASH_RANK=r, the process of global rank r raises an error in its
-  third optimizer step (a crash in one rank).
+  third optimizer step (a crash in one rank);
+- with DDP_LAB_PROBE_FAKE_GPUS=n, torch.cuda claims n GPUs (for checks of the command line
+  that happen before any GPU is used).
 """
 import os
 
@@ -52,3 +54,8 @@ if _probe_dir:
             return _original_step(self, *args, **kwargs)
 
         torch.optim.SGD.step = _step
+
+    _fake_gpus = os.environ.get("DDP_LAB_PROBE_FAKE_GPUS")
+    if _fake_gpus is not None:
+        torch.cuda.is_available = lambda: int(_fake_gpus) > 0
+        torch.cuda.device_count = lambda: int(_fake_gpus)

@@ -79,7 +79,8 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the group (gone already is fine)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
@@ -95,7 +96,7 @@ def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = 
         stdout, stderr = proc.communicate(timeout=max(0.0, timeout - (time.monotonic() - started)))
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(pgid)
+        kill_group(pgid)
         stdout, stderr = proc.communicate()
     seconds = time.monotonic() - started
     leftover = False
@@ -104,7 +105,7 @@ def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = 
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
         leftover = _group_alive(pgid)
-    _kill_group(pgid)
+    kill_group(pgid)
     return Result(proc.returncode, stdout, stderr, timed_out, seconds, leftover)
 
 

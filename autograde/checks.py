@@ -1,0 +1,486 @@
+"""One check per step of the lab. Each reads the runs of autograde/runs.py (made once per
+script, shared by every step that needs them) and says what it observed.
+
+Checks look at behaviour, not at names: any correct script passes, whatever its
+variables and helpers are called. Only Step 0 reads the source.
+"""
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from autograde import output, traces
+from autograde.runs import Run, Workspace
+
+STEPS = ["0", "1", "2", "3", "4", "5", "6", "6.5", "optional", "7", "8", "9", "10"]
+
+
+@dataclass
+class Result:
+    """The verdict on one step: passed (True, False, or None where it cannot be checked here)."""
+
+    step: str
+    passed: bool | None
+    observed: str
+    hint: str | None = None
+
+    @property
+    def status(self) -> str:
+        return {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
+
+
+class Failed(Exception):
+    """A check's verdict that the step is wrong: what was seen, and where to look."""
+
+    def __init__(self, observed: str, hint: str) -> None:
+        super().__init__(observed)
+        self.observed, self.hint = observed, hint
+
+
+def todo(step: str, what: str) -> str:
+    return f"see `# TODO {'Optional' if step == 'optional' else 'Step ' + step}`: {what}"
+
+
+def require(condition: object, observed: str, step: str, what: str) -> None:
+    if not condition:
+        raise Failed(observed, todo(step, what))
+
+
+def _run_ok(run: Run, step: str, what: str) -> None:
+    """Fail when a run that the step needs crashed or deadlocked."""
+    problem = run.problem()
+    require(problem is None, problem or "", step, what)
+
+
+# Step 0 -------------------------------------------------------------------------------
+
+
+def check_0(ws: Workspace) -> str:
+    """The script imports torch.distributed (read from its source: nothing else can tell)."""
+    try:
+        tree = ast.parse(ws.script.read_text(), filename=str(ws.script))
+    except SyntaxError as err:
+        raise Failed(f"the script does not parse: {err.msg} (line {err.lineno})", "fix the syntax error first")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == "torch.distributed" for a in node.names):
+            return "imports torch.distributed"
+        if isinstance(node, ast.ImportFrom) and (node.module == "torch.distributed" or (
+                node.module == "torch" and any(a.name == "distributed" for a in node.names))):
+            return "imports torch.distributed"
+    raise Failed("the script does not import torch.distributed", todo("0", "import torch.distributed as dist"))
+
+
+# Steps 1-2: the setup run -------------------------------------------------------------
+
+
+def _setup(ws: Workspace) -> dict:
+    report = ws.setup.report
+    if report is None:
+        raise Failed(ws.setup.problem() or "the setup run wrote no report", "run the script by hand to see why")
+    return report
+
+
+def check_1(ws: Workspace) -> str:
+    """The command line takes integer --num-nodes, --node-id and --num-gpus, defaults 1, 0 and 1."""
+    report = _setup(ws)
+    missing = [o for o in ("--num-nodes", "--node-id", "--num-gpus") if o not in report["options"]]
+    require(not missing, f"the script has no {', '.join(missing)} option", "1",
+            "add the arguments with parser.add_argument(..., type=int)")
+    require(report["stop"], report["error"] or "", "1", "the script must accept these options")
+    expected = {"--num-nodes": (3, 1), "--node-id": (2, 0), "--num-gpus": (2, 1)}
+    for option, (given, default) in expected.items():
+        dest = report["dests"][option]
+        value = report["values"].get(dest)
+        require(report["types"].get(dest) == "int" and value == given,
+                f"{option} {given} gave args.{dest} = {value!r} ({report['types'].get(dest)})", "1",
+                f"{option} needs type=int")
+        got = (report["defaults"] or {}).get(dest)
+        require(got == default, f"{option} defaults to {got!r}", "1", f"{option} should default to {default}")
+    return "--num-nodes, --node-id, --num-gpus are integers with defaults 1, 0, 1"
+
+
+def check_2(ws: Workspace) -> str:
+    """With --num-nodes 3 --num-gpus 2 the world size is 6, and MASTER_ADDR and MASTER_PORT
+    are set before any process group starts."""
+    report = _setup(ws)
+    require(report["stop"], report["error"] or "the set-up code did not get to the training", "2",
+            "the script should get as far as starting the training")
+    env = report["env"]
+    require(env.get("MASTER_ADDR"), "MASTER_ADDR is not set when the first process group starts", "2",
+            'set os.environ["MASTER_ADDR"] (node 0\'s address, e.g. "localhost")')
+    require((env.get("MASTER_PORT") or "").isdigit(), f"MASTER_PORT is {env.get('MASTER_PORT')!r}", "2",
+            'set os.environ["MASTER_PORT"] to a free port, as a string')
+    port_dest = report["dests"].get("--master-port")
+    if port_dest:
+        require(str(report["values"].get(port_dest)) == env["MASTER_PORT"],
+                f"MASTER_PORT is {env['MASTER_PORT']} but --master-port was {report['values'].get(port_dest)}",
+                "2", "set MASTER_PORT from --master-port")
+    world = [k for k, v in report["values"].items() if v == 6 and report["types"].get(k) == "int"]
+    require(world, "no world size of 6 found in args for --num-nodes 3 --num-gpus 2", "2",
+            "compute args.world_size = args.num_nodes * args.num_gpus")
+    return (f"world size args.{world[0]} = 6 for 3 nodes x 2; MASTER_ADDR={env['MASTER_ADDR']} "
+            f"MASTER_PORT={env['MASTER_PORT']}")
+
+
+# Steps 3-9: the workers run -------------------------------------------------------------
+
+
+def _children(ws: Workspace) -> list[dict]:
+    report = ws.workers.report
+    if report is None:
+        raise Failed(ws.workers.problem() or "the workers run wrote no report", todo("3", "see the error above"))
+    if report.get("error"):
+        raise Failed(report["error"], todo("3", "define worker(local_rank, args) and call it from main()"))
+    return report["children"]
+
+
+def _by_child(ws: Workspace) -> list[tuple[dict, traces.ProcessTrace]]:
+    """(node, local rank, pid) of every worker process, with its trace."""
+    return [(c, ws.workers.traces.get(c["pid"], traces.ProcessTrace(c["pid"]))) for c in _children(ws)]
+
+
+def check_3(ws: Workspace) -> str:
+    """The training runs inside worker(local_rank, args): called in each process, it trains."""
+    children = _by_child(ws)
+    trained = [t for _, t in children if t.named("first_optimizer_step")]
+    require(trained, ws.workers.problem() or "worker(local_rank, args) returned without training", "3",
+            "move the training into worker(local_rank, args)")
+    return f"worker(local_rank, args) trains in each of {len(children)} processes"
+
+
+def check_4(ws: Workspace) -> str:
+    """Every process calls init_process_group once, with rank node_id * num_gpus + local_rank,
+    the world size, and the backend for its device (gloo on the CPU, nccl on GPUs)."""
+    backend = "nccl" if ws.on_gpu else "gloo"
+    for child, trace in _by_child(ws):
+        inits = trace.calls("init_process_group")
+        who = f"the process of node {child['node']}, local rank {child['local_rank']}"
+        require(len(inits) == 1, f"{who} called init_process_group {len(inits)} times", "4",
+                "call dist.init_process_group once, at the start of worker")
+        expected = child["node"] * ws.procs_per_node + child["local_rank"]
+        joined = [e for e in trace.events if e["ev"] == "exit" and e.get("call") == "init_process_group"]
+        rank = joined[0]["rank_joined"] if joined else inits[0].get("rank")
+        require(rank == expected, f"{who} joined as rank {rank}; expected {expected}", "4",
+                "global rank = args.node_id * args.num_gpus + local_rank")
+        world = joined[0]["world_size"] if joined else inits[0].get("world_size")
+        require(world == ws.world_size, f"{who} joined a world of {world}; expected {ws.world_size}", "4",
+                "pass world_size=args.world_size")
+        used = (joined[0]["backend"] if joined else inits[0].get("backend") or "").lower()
+        require(backend in used, f"{who} used backend {used!r} on {'GPUs' if ws.on_gpu else 'the CPU'}", "4",
+                'backend "nccl" on GPUs, "gloo" on the CPU')
+    _run_ok_until(ws.workers, "init_process_group", "4")
+    return f"{ws.world_size} processes joined as ranks 0-{ws.world_size - 1} of {ws.world_size} with {backend}"
+
+
+def _run_ok_until(run: Run, call: str, step: str) -> None:
+    """Fail if some process deadlocked or crashed inside `call`."""
+    for trace in run.traces.values():
+        waiting = trace.waiting_in()
+        if waiting and waiting.get("call") == call and not run.ok:
+            raise Failed(run.problem() or "", todo(step, f"every process must get through {call}"))
+
+
+def check_5(ws: Workspace) -> str:
+    """On each node one process downloads; the others build their data sets only after a
+    barrier that the downloader reaches once its download is done."""
+    by_node: dict[int, list[tuple[dict, traces.ProcessTrace]]] = {}
+    for child, trace in _by_child(ws):
+        by_node.setdefault(child["node"], []).append((child, trace))
+    for node, members in sorted(by_node.items()):
+        for child, trace in members:
+            errors = trace.named("dataset_error")
+            require(not errors, f"node {node}, local rank {child['local_rank']} read the data set before it was "
+                    f"there ({errors[0]['error'] if errors else ''})", "5",
+                    "after the download, dist.barrier() on every process; read the files only after it")
+        downloaders = [(c, t) for c, t in members
+                       if any(e.get("download") for e in t.named("dataset_enter"))]
+        require(len(downloaders) == 1, f"{len(downloaders)} processes of node {node} asked to download", "5",
+                "only local rank 0 downloads (download=True); the others read with download=False")
+        _, loader_trace = downloaders[0]
+        done = [e["t"] for e in loader_trace.named("dataset_exit")]
+        require(done, ws.workers.problem() or f"node {node}'s download never finished", "5", "see the error")
+        barriers = [e for e in loader_trace.calls("barrier") if e["t"] >= max(done)]
+        require(barriers, f"node {node}'s downloader reaches no barrier after its download", "5",
+                "call dist.barrier() after the download, on every process")
+        for child, trace in members:
+            if trace is loader_trace:
+                continue
+            starts = [e["t"] for e in trace.named("dataset_enter")]
+            require(starts and min(starts) >= barriers[0]["t"],
+                    f"node {node}, local rank {child['local_rank']} built its data set before the barrier", "5",
+                    "the other processes read the files only after dist.barrier()")
+    return f"one download per node ({len(by_node)} nodes); the others waited at a barrier"
+
+
+def _is_train_dataset(trace: traces.ProcessTrace, dataset: int) -> bool | None:
+    for e in trace.named("dataset_exit"):
+        if e["dataset"] == dataset:
+            return bool(e["train"])
+    return None
+
+
+def _iterated_loaders(trace: traces.ProcessTrace) -> dict[bool, dict]:
+    """The loader events of the training (True) and validation (False) loaders that were iterated."""
+    loaders = {e["loader"]: e for e in trace.named("loader")}
+    found: dict[bool, dict] = {}
+    for e in trace.named("loader_iter"):
+        loader = loaders.get(e["loader"])
+        if loader is not None:
+            kind = _is_train_dataset(trace, loader["dataset"])
+            if kind is not None:
+                found[kind] = loader
+    return found
+
+
+def _shards(trace: traces.ProcessTrace, sampler: int) -> list[list[int]]:
+    return [e["indices"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
+
+
+def check_6(ws: Workspace) -> str:
+    """Both loaders draw from a DistributedSampler over the world: in every epoch the ranks'
+    training indices are disjoint and cover the data set (up to the sampler's padding),
+    and validation is split the same way."""
+    ranks = ws.workers.ranks()
+    require(len(ranks) == ws.world_size, ws.workers.problem() or "not every process joined", "6",
+            "Steps 4 and 5 must work first")
+    sizes = {}
+    for rank, trace in sorted(ranks.items()):
+        loaders = _iterated_loaders(trace)
+        for train, name in ((True, "training"), (False, "validation")):
+            loader = loaders.get(train)
+            require(loader, f"rank {rank} never iterated a {name} loader", "6", "keep both loaders")
+            require(loader["sampler_type"] == "DistributedSampler",
+                    f"rank {rank}'s {name} loader draws from a {loader['sampler_type']}, not a DistributedSampler",
+                    "6", f"pass sampler=... to the {name} DataLoader")
+            sampler = next(e for e in trace.named("sampler") if e["sampler"] == loader["sampler"])
+            require(sampler["num_replicas"] == ws.world_size and sampler["sampler_rank"] == rank,
+                    f"rank {rank}'s {name} sampler has num_replicas={sampler['num_replicas']}, "
+                    f"rank={sampler['sampler_rank']}", "6", "num_replicas=world size, rank=global rank")
+            sizes[train] = sampler["size"]
+    for train, name in ((True, "training"), (False, "validation")):
+        per_rank = [_shards(t, _iterated_loaders(t)[train]["sampler"]) for _, t in sorted(ranks.items())]
+        epochs = min(len(s) for s in per_rank)
+        for epoch in range(epochs):
+            shards = [s[epoch] for s in per_rank]
+            total = sum(len(s) for s in shards)
+            covered = set().union(*map(set, shards))
+            require(covered == set(range(sizes[train])) and total - len(covered) < ws.world_size,
+                    f"in epoch {epoch + 1} the ranks' {name} shards overlap or miss images "
+                    f"({len(covered)} of {sizes[train]} covered by {total} draws)", "6",
+                    "every rank's sampler must use the same world size and its own rank")
+    return f"both loaders use DistributedSampler; {ws.world_size} disjoint shards cover the data each epoch"
+
+
+def check_6_5(ws: Workspace) -> str:
+    """set_epoch(epoch) is called before each epoch's iteration, so the order changes from
+    epoch to epoch and the ranks stay consistent."""
+    for rank, trace in sorted(ws.workers.ranks().items()):
+        loader = _iterated_loaders(trace).get(True)
+        require(loader, f"rank {rank} has no training loader", "6", "Step 6 first")
+        sampler = loader["sampler"]
+        orders = _shards(trace, sampler)
+        require(len(orders) >= 2, ws.workers.problem() or f"rank {rank} trained fewer than 2 epochs", "6.5",
+                "the run needs two epochs")
+        epochs = [e["epoch"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
+        require(len(set(epochs)) == len(epochs),
+                f"rank {rank}'s training sampler had epoch {epochs[0]} in every epoch: the same order each time",
+                "6.5", "call train_sampler.set_epoch(epoch) at the start of each epoch")
+        require(orders[0] != orders[1], f"rank {rank} saw the same order in epochs 1 and 2", "6.5",
+                "call train_sampler.set_epoch(epoch) with the epoch number")
+    return "set_epoch before every epoch: a new order each epoch, the same on every rank"
+
+
+def check_optional(ws: Workspace) -> str | None:
+    """With --sync-bn on GPUs every BatchNorm is a SyncBatchNorm (not applicable on a CPU-only machine)."""
+    if not ws.on_gpu:
+        return None
+    run = ws.program
+    ddp = [e for t in run.traces.values() for e in t.named("ddp")]
+    require("--sync-bn" in (ws.setup.report or {}).get("options", []), "the script has no --sync-bn flag",
+            "optional", 'parser.add_argument("--sync-bn", action="store_true")')
+    require(ddp and all(e["sync_batchnorms"] == e["batchnorms"] > 0 for e in ddp),
+            "with --sync-bn, some BatchNorm layers are not SyncBatchNorm", "optional",
+            "model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP")
+    return "every BatchNorm is a SyncBatchNorm"
+
+
+def check_7(ws: Workspace) -> str:
+    """The model sits on the process's own device and is wrapped in DDP; after training
+    the parameters are identical on every rank."""
+    ranks = ws.workers.ranks()
+    fingerprints = set()
+    for rank, trace in sorted(ranks.items()):
+        wraps = trace.named("ddp")
+        require(len(wraps) == 1, f"rank {rank} wrapped {len(wraps)} models in DistributedDataParallel", "7",
+                "model = nn.parallel.DistributedDataParallel(model, ...)")
+        local_rank = rank % ws.procs_per_node
+        device = f"cuda:{local_rank}" if ws.on_gpu else "cpu"
+        require(wraps[0]["parameter_device"] == device,
+                f"rank {rank}'s model was on {wraps[0]['parameter_device']} when wrapped; expected {device}", "7",
+                "move the model to its device before wrapping it")
+        require(not trace.named("moved_after_wrap"), f"rank {rank} moved the model after wrapping it in DDP",
+                "7", "call .to(device) before DistributedDataParallel(...)")
+        if ws.on_gpu:
+            require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}",
+                    "7", "device_ids=[local_rank]")
+        params = trace.named("parameters")
+        require(params, ws.workers.problem() or f"rank {rank} did not finish training", "7", "see the error")
+        fingerprints.add(params[-1]["sha1"])
+    require(len(fingerprints) == 1, f"after training the ranks hold {len(fingerprints)} different models", "7",
+            "wrap the model in DDP so that gradients are averaged")
+    return f"DDP on {'cuda:local_rank' if ws.on_gpu else 'cpu'}; identical parameters on all {len(ranks)} ranks"
+
+
+def _epoch_lines(trace: traces.ProcessTrace) -> list[output.Epoch]:
+    return output.epochs("\n".join(e["text"] for e in trace.named("print")))
+
+
+def check_8(ws: Workspace) -> str:
+    """A barrier closes each training epoch before its time is taken, and the printed
+    images/sec is the sum over ranks."""
+    ranks = ws.workers.ranks()
+    _run_ok(ws.workers, "8", "every rank must finish its epochs")
+    samples: dict[int, list[int]] = {}
+    for rank, trace in sorted(ranks.items()):
+        loader = _iterated_loaders(trace)[True]["loader"]
+        ends = [e for e in trace.named("loader_end") if e["loader"] == loader]
+        samples[rank] = [e["samples"] for e in ends]
+        for epoch, end in enumerate(ends, 1):
+            after = [e for e in trace.events if e["t"] >= end["t"] and e["ev"] in ("enter", "loader_iter")]
+            first = after[0] if after else None
+            require(first is not None and first.get("call") == "barrier",
+                    f"rank {rank}: after the training of epoch {epoch} the first step is "
+                    f"{traces.where(first) if first and first['ev'] == 'enter' else 'validation'}, not a barrier",
+                    "8", "dist.barrier() right after the training loop, before taking the time")
+    lines = _epoch_lines(ranks[0])
+    require(lines, "rank 0 printed no epoch lines", "8", "keep the epoch line's format")
+    for line in lines:
+        total = sum(samples[r][line.epoch - 1] for r in ranks)
+        expected = total / line.epoch_time
+        require(abs(line.images_per_sec - expected) <= 0.2 * expected,
+                f"epoch {line.epoch}: printed {line.images_per_sec:.0f} images/sec; all ranks together "
+                f"trained {expected:.0f} images/sec ({total} images in {line.epoch_time:.2f} s)", "8",
+                "sum the images/sec of all ranks with dist.reduce (op SUM) onto rank 0")
+    return "a barrier ends every epoch; the printed images/sec is the sum over ranks"
+
+
+def _validation_truth(ranks: dict[int, traces.ProcessTrace]) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """Per epoch: (loss, accuracy) over the whole validation set, and the average of the ranks' own."""
+    per_rank = {}
+    for rank, trace in ranks.items():
+        loader = _iterated_loaders(trace)[False]
+        ends = [e for e in trace.named("loader_end") if e["loader"] == loader["loader"]]
+        shards = _shards(trace, loader["sampler"])
+        per_rank[rank] = list(zip(shards, [e.get("per_image") for e in ends]))
+    truth = []
+    for epoch in range(min(len(v) for v in per_rank.values())):
+        seen: dict[int, list[float]] = {}
+        means = []
+        for rank in sorted(per_rank):
+            indices, per_image = per_rank[rank][epoch]
+            if per_image is None or len(per_image) != len(indices):
+                return truth
+            for index, values in zip(indices, per_image):
+                seen.setdefault(index, values)
+            means.append([sum(v[i] for v in per_image) / len(per_image) for i in (0, 1)])
+        exact = tuple(sum(v[i] for v in seen.values()) / len(seen) for i in (0, 1))
+        average = tuple(sum(m[i] for m in means) / len(means) for i in (0, 1))
+        truth.append((exact, average))  # type: ignore[arg-type]
+    return truth
+
+
+def check_9(ws: Workspace) -> str:
+    """Printed validation loss and accuracy are the global values (or the ranks' average),
+    only global rank 0 prints, and every rank stops after the same epoch."""
+    ranks = ws.workers.ranks()
+    _run_ok(ws.workers, "9", "every rank must make the same early-stopping decision")
+    printers = sorted(r for r, t in ranks.items() if _epoch_lines(t))
+    require(printers == [0], f"epoch lines were printed by ranks {printers}", "9",
+            "print only on global rank 0 (if rank == 0: ...)")
+    epochs = {r: len([e for e in t.named("loader_iter") if not e["validation"]]) for r, t in ranks.items()}
+    require(len(set(epochs.values())) == 1, f"the ranks trained different numbers of epochs: {epochs}", "9",
+            "decide early stopping from the all-reduced accuracy, the same on every rank")
+    lines = _epoch_lines(ranks[0])
+    require([line.epoch for line in lines] == list(range(1, len(lines) + 1)) and len(lines) == epochs[0],
+            f"rank 0 printed {len(lines)} epoch lines for {epochs[0]} epochs", "9", "one line per epoch")
+    truth = _validation_truth(ranks)
+    require(len(truth) == len(lines), "could not see the model's validation outputs", "9",
+            "evaluate the DDP model on the validation loader")
+    for line, (exact, average) in zip(lines, truth):
+        fits = [name for name, (loss, acc) in (("global", exact), ("average", average))
+                if abs(line.val_loss - loss) <= 5e-4 and abs(line.val_accuracy - acc) <= 2e-4]
+        require(fits, f"epoch {line.epoch}: printed val loss {line.val_loss:.4f}, accuracy {line.val_accuracy:.4f}; "
+                f"over all ranks they are {exact[0]:.4f} and {exact[1]:.4f}", "9",
+                "add up loss sums, correct answers and counts with dist.all_reduce, then divide")
+    return f"rank 0 alone prints the global validation metrics; all ranks stopped after epoch {epochs[0]}"
+
+
+# Step 10: the program runs ----------------------------------------------------------------
+
+
+def check_10(ws: Workspace) -> str:
+    """`python script.py --num-gpus 2` starts 2 processes with mp.spawn under
+    `if __name__ == "__main__"` and exits 0; two node commands started together train one model."""
+    run = ws.program
+    spawns = [e for t in run.traces.values() for e in t.named("spawn")]
+    require(spawns, run.problem() or "the script started no processes with mp.spawn", "10",
+            "mp.spawn(worker, args=(args,), nprocs=args.num_gpus)")
+    require(len(spawns) == 1 and spawns[0]["nprocs"] == 2, f"mp.spawn was called with nprocs={spawns[0]['nprocs']} "
+            f"for --num-gpus 2" if len(spawns) == 1 else f"mp.spawn was called {len(spawns)} times", "10",
+            "nprocs=args.num_gpus, once, from the main process")
+    require(spawns[0]["caller_module"] == "__main__", "mp.spawn was not called from the main module", "10",
+            'launch under if __name__ == "__main__":')
+    _run_ok(run, "10", "the script must finish with exit status 0")
+    require(len(run.ranks()) == 2, f"{len(run.ranks())} processes joined the group", "10", "nprocs=args.num_gpus")
+    nodes = ws.two_nodes
+    _run_ok(nodes, "10", "both node commands must finish with exit status 0")
+    fingerprints = {e["sha1"] for t in nodes.traces.values() for e in t.named("parameters")}
+    require(sorted(nodes.ranks()) == [0, 1] and len(fingerprints) == 1,
+            f"the two nodes ran ranks {sorted(nodes.ranks())} with {len(fingerprints)} different models", "10",
+            "both nodes must join one group of 2")
+    return "mp.spawn starts 2 processes and the script exits 0; 2 node commands trained one model"
+
+
+CHECKS: dict[str, Callable[[Workspace], str | None]] = {
+    "0": check_0, "1": check_1, "2": check_2, "3": check_3, "4": check_4, "5": check_5, "6": check_6,
+    "6.5": check_6_5, "optional": check_optional, "7": check_7, "8": check_8, "9": check_9, "10": check_10,
+}
+
+
+def check(ws: Workspace, step: str) -> Result:
+    """Run one step's check; a step before it that fails is named in the verdict."""
+    try:
+        observed = CHECKS[step](ws)
+    except Failed as failure:
+        earlier = _first_failing_before(ws, step)
+        if earlier is not None:
+            return Result(step, False, f"{failure.observed} (Step {earlier.step} is not right yet either: "
+                          f"{earlier.observed})", earlier.hint)
+        return Result(step, False, failure.observed, failure.hint)
+    if observed is None:
+        return Result(step, None, "not applicable here: SyncBatchNorm needs GPUs and this machine has none")
+    return Result(step, True, observed)
+
+
+def _first_failing_before(ws: Workspace, step: str) -> Result | None:
+    for earlier in STEPS[:STEPS.index(step)]:
+        if earlier == "optional":
+            continue
+        try:
+            CHECKS[earlier](ws)
+        except Failed as failure:
+            return Result(earlier, False, failure.observed, failure.hint)
+    return None
+
+
+def script_path(path: str | Path | None = None) -> Path:
+    """The learner's script: `path`, else fashion_mnist.py here or in the parent folder."""
+    if path is not None:
+        return Path(path)
+    for folder in (Path.cwd(), Path.cwd().parent):
+        if (folder / "fashion_mnist.py").exists():
+            return folder / "fashion_mnist.py"
+    return Path("fashion_mnist.py")

@@ -1,0 +1,193 @@
+"""The runs of a learner's script that the step checks read, each launched as separate,
+traced processes with a time limit.
+
+- setup run (Steps 1-2): the script's own start-up code, stopped where real work begins;
+- workers run (Steps 3-9): 2 simulated nodes x N processes, each calling `worker`;
+- program run (Step 10): `python script.py --num-gpus 2`, as a learner types it;
+- two-node run (Step 10): two node commands started together.
+
+A run that stops producing trace events for STALL_SECONDS while its processes live is
+deadlocked: it is stopped there, rather than at the time limit, and every process's
+open call (the collective it was waiting in) is reported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from autograde import data, launch, traces
+
+PACKAGE = Path(__file__).resolve().parent
+STARTUP = PACKAGE / "_startup"
+STALL_SECONDS = 12.0
+TIME_LIMIT = 120.0
+TRAIN_SIZE, VAL_SIZE = 160, 51  # 51: the validation shards need the sampler's padding
+EPOCHS = 3  # with --target-accuracy 0 and --patience 2, a right script stops after epoch 2
+
+Argv = list[list[Any]]
+
+
+@dataclass
+class Run:
+    """What one run's processes printed and did."""
+
+    name: str
+    results: list[launch.Result]
+    traces: dict[int, traces.ProcessTrace]
+    report: dict[str, Any] | None = None
+    stalled: bool = False
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return "".join(r.output for r in self.results)
+
+    @property
+    def ok(self) -> bool:
+        return not self.stalled and all(r.returncode == 0 and not r.timed_out for r in self.results)
+
+    def ranks(self) -> dict[int, traces.ProcessTrace]:
+        """The traces of the processes that joined a process group, by global rank."""
+        return {t.rank: t for t in self.traces.values() if t.rank is not None}
+
+    def problem(self) -> str | None:
+        """One sentence on what went wrong in this run, or None."""
+        if self.stalled or any(r.timed_out for r in self.results):
+            waiting = [f"{t.label()} in {traces.where(e)}" for t in self.traces.values()
+                       if (e := t.waiting_in()) is not None]
+            detail = "; ".join(waiting) if waiting else "no process was in a torch.distributed call"
+            how = f"nothing happened for {STALL_SECONDS:.0f} s" if self.stalled else "it ran out of time"
+            return f"the {self.name} deadlocked ({how}): waiting were {detail}"
+        crashes = [e for t in self.traces.values() for e in t.named("crash")]
+        if crashes:
+            return f"the {self.name} crashed: {crashes[0]['error']}"
+        for r in self.results:
+            if r.returncode != 0:
+                return f"the {self.name} failed (exit status {r.returncode}): {short(r.stderr or r.stdout)}"
+        return None
+
+
+def short(text: str, limit: int = 300) -> str:
+    """The part of an error output that matters: its last line, or a one-line 'error: ...'."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no output)"
+    errors = [line for line in lines if line.lower().startswith(("error", "runtimeerror", "valueerror"))
+              or ": error: " in line]
+    return (errors[-1] if errors else lines[-1])[:limit]
+
+
+class Workspace:
+    """A temporary folder with stand-in data, and the runs of one script in it (each made once)."""
+
+    def __init__(self, script: Path, procs_per_node: int = 2, nodes: int = 2, on_gpu: bool = False) -> None:
+        self.script = Path(script).resolve()
+        self.procs_per_node = procs_per_node
+        self.nodes = nodes
+        self.on_gpu = on_gpu
+        self.root = Path(tempfile.mkdtemp(prefix="ddp-lab-check-"))
+        self.staging = self.root / "staging"
+        data.write_synthetic(self.staging, TRAIN_SIZE, VAL_SIZE, seed=11)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def _folder(self, name: str) -> Path:
+        folder = self.root / name
+        folder.mkdir()
+        return folder
+
+    def _env(self, trace_dir: Path) -> dict[str, str]:
+        path = [str(STARTUP), str(PACKAGE.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        return {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
+                "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging)}
+
+    def _common(self, data_dir: Path, epochs: int = EPOCHS) -> Argv:
+        return [["--widen-factor", 1], ["--batch-size", 16], ["--epochs", epochs], ["--target-accuracy", 0],
+                ["--patience", 2], ["--data-dir", data_dir], ["--master-port", launch.free_port()]]
+
+    def _launch(self, name: str, commands: list[list[str]], trace_dir: Path) -> tuple[list[launch.Result], bool]:
+        """Start the commands together; stop them all at a deadlock or the time limit."""
+        started = time.monotonic()
+        procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir)) for cmd in commands]
+        size, last_change, stalled = 0, time.monotonic(), False
+        while any(p.poll() is None for p in procs) and time.monotonic() - started < TIME_LIMIT:
+            time.sleep(0.1)
+            now_size = sum(f.stat().st_size for f in trace_dir.glob("trace-*.jsonl"))
+            if now_size != size:
+                size, last_change = now_size, time.monotonic()
+            elif size and time.monotonic() - last_change > STALL_SECONDS:
+                stalled = True
+                break
+        if stalled:
+            for p in procs:
+                launch.kill_group(p.pid)
+        return [launch.finish(p, TIME_LIMIT, started) for p in procs], stalled
+
+    def _harness(self, name: str, mode: str, **options: Any) -> Run:
+        folder = self._folder(name)
+        out = folder / "report.json"
+        cmd = [launch.PYTHON, "-m", "autograde.harness", mode, "--script", str(self.script), "--out", str(out)]
+        for key, value in options.items():
+            cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value, default=str)]
+        results, stalled = self._launch(name, [cmd], folder)
+        report = json.loads(out.read_text()) if out.exists() else None
+        return Run(name, results, traces.read(folder), report, stalled)
+
+    @cached_property
+    def setup(self) -> Run:
+        """The script's start-up code for node 2 of 3 with 2 processes each (world size 6)."""
+        argv = [["--num-nodes", 3], ["--node-id", 2], ["--num-gpus", 2]] + self._common(self.root / "unused")
+        return self._harness("setup run", "setup", argv=argv)
+
+    @cached_property
+    def workers(self) -> Run:
+        """worker(local_rank, args) in every process of `nodes` simulated nodes, each with its own disk."""
+        nodes = [[["--num-nodes", self.nodes], ["--node-id", k], ["--num-gpus", self.procs_per_node]]
+                 + self._common(self.root / f"node{k}-disk") for k in range(self.nodes)]
+        return self._harness("workers run", "workers", nodes=nodes, procs_per_node=str(self.procs_per_node))
+
+    def _argv(self, pairs: Argv) -> list[str]:
+        """`pairs` as a command line, without the options the script does not know (from the setup run)."""
+        known = set((self.setup.report or {}).get("options", []))
+        argv: list[str] = []
+        for option, value in pairs:
+            if option in known:
+                argv += [option] if value is None else [option, str(value)]
+        return argv
+
+    @cached_property
+    def program(self) -> Run:
+        """`python script.py --num-gpus 2 ...`: the script launching its own processes."""
+        folder = self._folder("program run")
+        argv = self._argv([["--num-gpus", 2]] + self._common(folder / "data", epochs=1))
+        results, stalled = self._launch("program run", [[launch.PYTHON, str(self.script), *argv]], folder)
+        return Run("program run", results, traces.read(folder), None, stalled, argv)
+
+    @cached_property
+    def two_nodes(self) -> Run:
+        """Two node commands (--num-nodes 2 --node-id 0|1 --num-gpus 1) started together on this machine."""
+        folder = self._folder("two-node run")
+        common = self._common(folder / "data", epochs=1)
+        commands = [[launch.PYTHON, str(self.script),
+                     *self._argv([["--num-nodes", 2], ["--node-id", k], ["--num-gpus", 1]] + common)]
+                    for k in (0, 1)]
+        results, stalled = self._launch("two-node run", commands, folder)
+        return Run("two-node run", results, traces.read(folder), None, stalled, commands[0][2:])

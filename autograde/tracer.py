@@ -1,0 +1,354 @@
+"""Instrumentation inside the processes the checker launches: a per-process trace of what
+the learner's script does.
+
+`install()` wraps, without changing what they do, the calls the lab's steps are about:
+torch.distributed's process group and collectives, torch.multiprocessing.spawn, the
+Fashion-MNIST data set, DistributedSampler, DataLoader, DDP, optimizer steps and print.
+Each process appends JSON lines to `<trace dir>/trace-<pid>.jsonl`, one event per line,
+flushed at once, so a trace survives a process that is killed because it hung: a
+collective's "enter" with no "exit" is where that process was waiting.
+
+Two things are simulated rather than observed. With DDP_LAB_STAGING set, a "download"
+of Fashion-MNIST copies the files from that folder after a short delay (the checker runs
+offline, and a reader that does not wait for the download must lose the race). And
+while the model is in evaluation mode, the logits it produces for the validation set are
+turned into per-image losses, so that a check can compute the true global metrics.
+
+It is loaded through autograde/site/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any, Callable
+
+TRACE_DIR = "DDP_LAB_TRACE_DIR"
+STAGING = "DDP_LAB_STAGING"
+SCRIPT = "DDP_LAB_SCRIPT"
+DOWNLOAD_SECONDS = 1.0
+
+COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "gather", "scatter", "all_gather_object", "broadcast_object_list",
+               "gather_object", "monitored_barrier")
+
+_trace_dir = ""
+_script = ""
+_ddp: list[Any] = []          # the DDP model(s) made in this process
+_val_datasets: set[int] = set()  # ids of validation data sets
+_eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}
+
+
+def _rank() -> int | None:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def _line() -> int | None:
+    """The line of the learner's script that led to the current call, if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _script and os.path.abspath(frame.f_code.co_filename) == _script:
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Append one event to this process's trace."""
+    record = {"t": time.time(), "pid": os.getpid(), "rank": _rank(), "ev": event, "line": _line(), **fields}
+    with open(os.path.join(_trace_dir, f"trace-{os.getpid()}.jsonl"), "a") as f:
+        f.write(json.dumps(record, default=repr) + "\n")
+
+
+def _small(value: Any) -> Any:
+    """A tensor's values if it is small, else its shape."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().flatten().tolist() if value.numel() <= 8 else {"shape": list(value.shape)}
+    return repr(value)[:80]
+
+
+def _op_name(op: Any) -> str:
+    import torch.distributed as dist
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
+        if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
+            return name
+    return repr(op)
+
+
+def _wrap_collective(module: Any, name: str) -> None:
+    original = getattr(module, name, None)
+    if original is None or getattr(original, "_ddp_lab", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        details: dict[str, Any] = {"call": name}
+        tensor = args[0] if args else kwargs.get("tensor")
+        if name in ("all_reduce", "reduce"):
+            details["op"] = _op_name(kwargs.get("op", args[2] if name == "reduce" and len(args) > 2
+                                                 else args[1] if name == "all_reduce" and len(args) > 1
+                                                 else module.ReduceOp.SUM))
+            details["value"] = _small(tensor)
+            if name == "reduce":
+                details["dst"] = kwargs.get("dst", args[1] if len(args) > 1 else None)
+        emit("enter", **details)
+        result = original(*args, **kwargs)
+        after = {"call": name}
+        if name in ("all_reduce", "reduce"):
+            after["value"] = _small(tensor)
+        emit("exit", **after)
+        return result
+
+    wrapper._ddp_lab = True  # type: ignore[attr-defined]
+    setattr(module, name, wrapper)
+
+
+def _patch_distributed() -> None:
+    import torch.distributed as dist
+
+    original_init = dist.init_process_group
+
+    @functools.wraps(original_init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend", args[0] if args else None)
+        emit("enter", call="init_process_group", backend=str(backend) if backend else None,
+             rank=kwargs.get("rank"), world_size=kwargs.get("world_size"),
+             init_method=kwargs.get("init_method"), master_addr=os.environ.get("MASTER_ADDR"),
+             master_port=os.environ.get("MASTER_PORT"))
+        result = original_init(*args, **kwargs)
+        emit("exit", call="init_process_group", rank_joined=dist.get_rank(), world_size=dist.get_world_size(),
+             backend=str(dist.get_backend()))
+        return result
+
+    dist.init_process_group = init_process_group
+    original_destroy = dist.destroy_process_group
+
+    @functools.wraps(original_destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        record_parameters()
+        emit("enter", call="destroy_process_group")
+        result = original_destroy(*args, **kwargs)
+        emit("exit", call="destroy_process_group")
+        return result
+
+    dist.destroy_process_group = destroy_process_group
+    for name in COLLECTIVES:
+        _wrap_collective(dist, name)
+
+
+def record_parameters() -> None:
+    """A fingerprint of the DDP model's parameters (all ranks must end with the same one)."""
+    if not _ddp:
+        return
+    digest = hashlib.sha1()
+    for p in _ddp[-1].module.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    emit("parameters", sha1=digest.hexdigest())
+
+
+def _patch_spawn() -> None:
+    import torch.multiprocessing as mp
+
+    for name in ("spawn", "start_processes"):
+        original = getattr(mp, name)
+
+        def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
+                caller = sys._getframe(1)
+                emit("spawn", call=name, nprocs=nprocs, fn=getattr(fn, "__name__", repr(fn)),
+                     caller_module=caller.f_globals.get("__name__"))
+                return original(fn, args, nprocs, *rest, **kwargs)
+            return wrapper
+
+        setattr(mp, name, make(original, name))
+
+
+def _patch_dataset() -> None:
+    from torchvision.datasets import FashionMNIST
+
+    original_init = FashionMNIST.__init__
+    original_download = FashionMNIST.download
+
+    def __init__(self: Any, root: Any, train: bool = True, *args: Any, **kwargs: Any) -> None:
+        download = kwargs.get("download", args[2] if len(args) > 2 else False)
+        emit("dataset_enter", root=os.path.abspath(str(root)), train=bool(train), download=bool(download))
+        try:
+            original_init(self, root, train, *args, **kwargs)
+        except Exception as err:
+            emit("dataset_error", error=f"{type(err).__name__}: {err}"[:300])
+            raise
+        if not train:
+            _val_datasets.add(id(self))
+        emit("dataset_exit", dataset=id(self), train=bool(train), size=len(self))
+
+    def download(self: Any) -> None:
+        staging = os.environ.get(STAGING)
+        if not staging or self._check_exists():
+            return original_download(self)
+        emit("download_start", root=os.path.abspath(str(self.root)))
+        time.sleep(DOWNLOAD_SECONDS)
+        os.makedirs(self.raw_folder, exist_ok=True)
+        raw = os.path.join(staging, "FashionMNIST", "raw")
+        for name in sorted(os.listdir(raw)):
+            partial = os.path.join(self.raw_folder, name + ".part")
+            shutil.copyfile(os.path.join(raw, name), partial)
+            os.replace(partial, os.path.join(self.raw_folder, name))
+        emit("download_end", root=os.path.abspath(str(self.root)))
+
+    FashionMNIST.__init__ = __init__  # type: ignore[method-assign]
+    FashionMNIST.download = download  # type: ignore[method-assign]
+
+
+def _patch_data_loading() -> None:
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    original_sampler_init = DistributedSampler.__init__
+    original_sampler_iter = DistributedSampler.__iter__
+    original_set_epoch = DistributedSampler.set_epoch
+
+    def sampler_init(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        original_sampler_init(self, dataset, *args, **kwargs)
+        emit("sampler", sampler=id(self), dataset=id(dataset), num_replicas=self.num_replicas,
+             sampler_rank=self.rank, shuffle=self.shuffle, drop_last=self.drop_last, size=len(dataset))
+
+    def sampler_iter(self: Any) -> Any:
+        indices = list(original_sampler_iter(self))
+        emit("sampler_iter", sampler=id(self), epoch=self.epoch, indices=indices)
+        return iter(indices)
+
+    def set_epoch(self: Any, epoch: int) -> None:
+        emit("set_epoch", sampler=id(self), epoch=epoch)
+        original_set_epoch(self, epoch)
+
+    DistributedSampler.__init__ = sampler_init  # type: ignore[method-assign]
+    DistributedSampler.__iter__ = sampler_iter  # type: ignore[method-assign]
+    DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign]
+
+    original_loader_init = DataLoader.__init__
+    original_loader_iter = DataLoader.__iter__
+
+    def loader_init(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        original_loader_init(self, dataset, *args, **kwargs)
+        emit("loader", loader=id(self), dataset=id(dataset), sampler=id(self.sampler),
+             sampler_type=type(self.sampler).__name__, batch_size=self.batch_size)
+
+    def loader_iter(self: Any) -> Any:
+        validation = id(self.dataset) in _val_datasets
+        emit("loader_iter", loader=id(self), validation=validation)
+        if validation:
+            _eval_capture.update(active=True, logits=[], labels=[])
+        batches = samples = 0
+        for batch in original_loader_iter(self):
+            batches += 1
+            if isinstance(batch, (list, tuple)) and len(batch) == 2:
+                samples += len(batch[1])
+                if validation:
+                    _eval_capture["labels"].append(batch[1].detach().cpu())
+            yield batch
+        fields: dict[str, Any] = {}
+        if validation:
+            _eval_capture["active"] = False
+            fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
+        emit("loader_end", loader=id(self), batches=batches, samples=samples, **fields)
+
+    DataLoader.__init__ = loader_init  # type: ignore[method-assign]
+    DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
+
+    original_optimizer_init = torch.optim.Optimizer.__init__
+
+    def optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_optimizer_init(self, *args, **kwargs)
+        self.register_step_post_hook(lambda *_: _count_step())
+
+    torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
+
+
+_steps = [0]
+
+
+def _count_step() -> None:
+    _steps[0] += 1
+    if _steps[0] == 1:
+        emit("first_optimizer_step")
+
+
+def optimizer_steps() -> int:
+    return _steps[0]
+
+
+def _per_image(logits: list[Any], labels: list[Any]) -> list[list[float]] | None:
+    """[loss, correct] of every validation image, in loader order (None if logits and labels disagree)."""
+    import torch
+    import torch.nn.functional as F
+    if not logits or sum(len(x) for x in logits) != sum(len(y) for y in labels):
+        return None
+    outputs, targets = torch.cat(logits), torch.cat(labels)
+    losses = F.cross_entropy(outputs.double(), targets, reduction="none")
+    correct = (outputs.argmax(dim=1) == targets).double()
+    return torch.stack([losses, correct], dim=1).tolist()
+
+
+def _patch_models() -> None:
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    original_init = DistributedDataParallel.__init__
+
+    def ddp_init(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        parameter = next(module.parameters(), None)
+        emit("ddp", device_ids=kwargs.get("device_ids", args[0] if args else None),
+             parameter_device=str(parameter.device) if parameter is not None else None,
+             batchnorms=sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()),
+             sync_batchnorms=sum(isinstance(m, nn.SyncBatchNorm) for m in module.modules()))
+        original_init(self, module, *args, **kwargs)
+        _ddp.append(self)
+        module.register_forward_hook(_capture_logits)
+
+    DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
+
+    original_to = nn.Module.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(self is d or self is d.module for d in _ddp):
+            emit("moved_after_wrap", to=repr(args[0] if args else kwargs))
+        return original_to(self, *args, **kwargs)
+
+    nn.Module.to = to  # type: ignore[method-assign]
+
+
+def _capture_logits(module: Any, inputs: Any, output: Any) -> None:
+    if _eval_capture["active"] and not module.training:
+        _eval_capture["logits"].append(output.detach().cpu())
+
+
+def _patch_print() -> None:
+    original_print = builtins.print
+
+    def traced_print(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("file") in (None, sys.stdout):
+            emit("print", text=kwargs.get("sep", " ").join(map(str, args))[:300])
+        original_print(*args, **kwargs)
+
+    builtins.print = traced_print
+
+
+def install(trace_dir: str) -> None:
+    """Start tracing this process (and, through the environment, the processes it starts)."""
+    global _trace_dir, _script
+    _trace_dir = trace_dir
+    _script = os.path.abspath(os.environ.get(SCRIPT, "")) if os.environ.get(SCRIPT) else ""
+    _patch_distributed()
+    _patch_spawn()
+    _patch_dataset()
+    _patch_data_loading()
+    _patch_models()
+    _patch_print()

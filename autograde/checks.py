@@ -35,18 +35,24 @@ class Result:
 class Failed(Exception):
     """A check's verdict that the step is wrong: what was seen, and where to look."""
 
-    def __init__(self, observed: str, hint: str) -> None:
+    def __init__(self, observed: str, hint: str, inconclusive: bool = False) -> None:
         super().__init__(observed)
         self.observed, self.hint = observed, hint
+        self.inconclusive = inconclusive  # the run stopped before it showed this step at work
 
 
 def todo(step: str, what: str) -> str:
     return f"see `# TODO {'Optional' if step == 'optional' else 'Step ' + step}`: {what}"
 
 
-def require(condition: object, observed: str, step: str, what: str) -> None:
+def require(condition: object, observed: str, step: str, what: str, inconclusive: bool = False) -> None:
     if not condition:
-        raise Failed(observed, todo(step, what))
+        raise Failed(observed, todo(step, what), inconclusive)
+
+
+def evidence(condition: object, run: Run, missing: str, step: str) -> None:
+    """Fail as inconclusive when a run stopped before it showed what the step needs."""
+    require(condition, run.problem() or missing, step, "the earlier steps must work first", inconclusive=True)
 
 
 def _run_ok(run: Run, step: str, what: str) -> None:
@@ -145,10 +151,14 @@ def _by_child(ws: Workspace) -> list[tuple[dict, traces.ProcessTrace]]:
 def check_3(ws: Workspace) -> str:
     """The training runs inside worker(local_rank, args): called in each process, it trains."""
     children = _by_child(ws)
-    trained = [t for _, t in children if t.named("first_optimizer_step")]
-    require(trained, ws.workers.problem() or "worker(local_rank, args) returned without training", "3",
-            "move the training into worker(local_rank, args)")
-    return f"worker(local_rank, args) trains in each of {len(children)} processes"
+    for child, trace in children:
+        require(trace.named("worker_start"), ws.workers.problem() or "worker did not start", "3",
+                "define worker(local_rank, args)")
+        finished = trace.named("worker_done")
+        require(not finished or finished[0]["optimizer_steps"] > 0,
+                "worker(local_rank, args) returned without training", "3",
+                "move the training into worker(local_rank, args)")
+    return f"worker(local_rank, args) runs the training in each of {len(children)} processes"
 
 
 def check_4(ws: Workspace) -> str:
@@ -223,9 +233,14 @@ def _is_train_dataset(trace: traces.ProcessTrace, dataset: int) -> bool | None:
 
 
 def _iterated_loaders(trace: traces.ProcessTrace) -> dict[bool, dict]:
-    """The loader events of the training (True) and validation (False) loaders that were iterated."""
+    """The loader events of the training (True) and validation (False) loaders: the ones
+    iterated, else the last ones made."""
     loaders = {e["loader"]: e for e in trace.named("loader")}
     found: dict[bool, dict] = {}
+    for e in trace.named("loader"):
+        kind = _is_train_dataset(trace, e["dataset"])
+        if kind is not None:
+            found[kind] = e
     for e in trace.named("loader_iter"):
         loader = loaders.get(e["loader"])
         if loader is not None:
@@ -244,14 +259,13 @@ def check_6(ws: Workspace) -> str:
     training indices are disjoint and cover the data set (up to the sampler's padding),
     and validation is split the same way."""
     ranks = ws.workers.ranks()
-    require(len(ranks) == ws.world_size, ws.workers.problem() or "not every process joined", "6",
-            "Steps 4 and 5 must work first")
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "6")
     sizes = {}
     for rank, trace in sorted(ranks.items()):
         loaders = _iterated_loaders(trace)
         for train, name in ((True, "training"), (False, "validation")):
             loader = loaders.get(train)
-            require(loader, f"rank {rank} never iterated a {name} loader", "6", "keep both loaders")
+            evidence(loader, ws.workers, f"rank {rank} made no {name} loader", "6")
             require(loader["sampler_type"] == "DistributedSampler",
                     f"rank {rank}'s {name} loader draws from a {loader['sampler_type']}, not a DistributedSampler",
                     "6", f"pass sampler=... to the {name} DataLoader")
@@ -279,11 +293,10 @@ def check_6_5(ws: Workspace) -> str:
     epoch to epoch and the ranks stay consistent."""
     for rank, trace in sorted(ws.workers.ranks().items()):
         loader = _iterated_loaders(trace).get(True)
-        require(loader, f"rank {rank} has no training loader", "6", "Step 6 first")
+        evidence(loader, ws.workers, f"rank {rank} has no training loader", "6.5")
         sampler = loader["sampler"]
         orders = _shards(trace, sampler)
-        require(len(orders) >= 2, ws.workers.problem() or f"rank {rank} trained fewer than 2 epochs", "6.5",
-                "the run needs two epochs")
+        evidence(len(orders) >= 2, ws.workers, f"rank {rank} trained fewer than 2 epochs", "6.5")
         epochs = [e["epoch"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
         require(len(set(epochs)) == len(epochs),
                 f"rank {rank}'s training sampler had epoch {epochs[0]} in every epoch: the same order each time",
@@ -311,7 +324,7 @@ def check_7(ws: Workspace) -> str:
     """The model sits on the process's own device and is wrapped in DDP; after training
     the parameters are identical on every rank."""
     ranks = ws.workers.ranks()
-    fingerprints = set()
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "7")
     for rank, trace in sorted(ranks.items()):
         wraps = trace.named("ddp")
         require(len(wraps) == 1, f"rank {rank} wrapped {len(wraps)} models in DistributedDataParallel", "7",
@@ -326,12 +339,16 @@ def check_7(ws: Workspace) -> str:
         if ws.on_gpu:
             require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}",
                     "7", "device_ids=[local_rank]")
-        params = trace.named("parameters")
-        require(params, ws.workers.problem() or f"rank {rank} did not finish training", "7", "see the error")
-        fingerprints.add(params[-1]["sha1"])
-    require(len(fingerprints) == 1, f"after training the ranks hold {len(fingerprints)} different models", "7",
-            "wrap the model in DDP so that gradients are averaged")
-    return f"DDP on {'cuda:local_rank' if ws.on_gpu else 'cpu'}; identical parameters on all {len(ranks)} ranks"
+    per_epoch = {r: [e["sha1"] for e in t.named("parameters") if e["when"] == "validation"]
+                 for r, t in ranks.items()}
+    epochs = min(len(v) for v in per_epoch.values())
+    evidence(epochs, ws.workers, "no rank finished an epoch of training", "7")
+    for epoch in range(epochs):
+        models = {v[epoch] for v in per_epoch.values()}
+        require(len(models) == 1, f"after epoch {epoch + 1}'s training the ranks hold {len(models)} different "
+                "models", "7", "wrap the model in DDP so that gradients are averaged")
+    return (f"DDP on {'cuda:local_rank' if ws.on_gpu else 'cpu'}; identical parameters on all {len(ranks)} ranks "
+            "after every epoch")
 
 
 def _epoch_lines(trace: traces.ProcessTrace) -> list[output.Epoch]:
@@ -342,7 +359,8 @@ def check_8(ws: Workspace) -> str:
     """A barrier closes each training epoch before its time is taken, and the printed
     images/sec is the sum over ranks."""
     ranks = ws.workers.ranks()
-    _run_ok(ws.workers, "8", "every rank must finish its epochs")
+    evidence(len(ranks) == ws.world_size and all(_iterated_loaders(t).get(True) for t in ranks.values()),
+             ws.workers, "not every rank trained", "8")
     samples: dict[int, list[int]] = {}
     for rank, trace in sorted(ranks.items()):
         loader = _iterated_loaders(trace)[True]["loader"]
@@ -396,7 +414,7 @@ def check_9(ws: Workspace) -> str:
     """Printed validation loss and accuracy are the global values (or the ranks' average),
     only global rank 0 prints, and every rank stops after the same epoch."""
     ranks = ws.workers.ranks()
-    _run_ok(ws.workers, "9", "every rank must make the same early-stopping decision")
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "9")
     printers = sorted(r for r, t in ranks.items() if _epoch_lines(t))
     require(printers == [0], f"epoch lines were printed by ranks {printers}", "9",
             "print only on global rank 0 (if rank == 0: ...)")
@@ -428,11 +446,12 @@ def check_10(ws: Workspace) -> str:
     spawns = [e for t in run.traces.values() for e in t.named("spawn")]
     require(spawns, run.problem() or "the script started no processes with mp.spawn", "10",
             "mp.spawn(worker, args=(args,), nprocs=args.num_gpus)")
+    require(all(e["caller_module"] == "__main__" for e in spawns),
+            "mp.spawn ran again inside the started processes (they re-import the script)", "10",
+            'launch only under if __name__ == "__main__":')
     require(len(spawns) == 1 and spawns[0]["nprocs"] == 2, f"mp.spawn was called with nprocs={spawns[0]['nprocs']} "
             f"for --num-gpus 2" if len(spawns) == 1 else f"mp.spawn was called {len(spawns)} times", "10",
             "nprocs=args.num_gpus, once, from the main process")
-    require(spawns[0]["caller_module"] == "__main__", "mp.spawn was not called from the main module", "10",
-            'launch under if __name__ == "__main__":')
     _run_ok(run, "10", "the script must finish with exit status 0")
     require(len(run.ranks()) == 2, f"{len(run.ranks())} processes joined the group", "10", "nprocs=args.num_gpus")
     nodes = ws.two_nodes
@@ -450,16 +469,35 @@ CHECKS: dict[str, Callable[[Workspace], str | None]] = {
 }
 
 
+RUNS = {"1": ["setup"], "2": ["setup"], "optional": ["program"], "10": ["program", "two_nodes"],
+        **{s: ["workers"] for s in ("3", "4", "5", "6", "6.5", "7", "8", "9")}}
+
+
+def _with_problems(ws: Workspace, step: str, observed: str) -> str:
+    """`observed`, plus what went wrong in the runs the step read (a deadlock, a crash)."""
+    for name in RUNS.get(step, []):
+        run = ws.__dict__.get(name)  # only runs that were made
+        problem = run.problem() if run is not None else None
+        if problem and problem not in observed:
+            observed += f"; {problem}"
+    return observed
+
+
 def check(ws: Workspace, step: str) -> Result:
     """Run one step's check; a step before it that fails is named in the verdict."""
     try:
         observed = CHECKS[step](ws)
+    except (KeyError, IndexError, StopIteration, TypeError, ValueError) as err:
+        # The runs did not leave the evidence this check reads, in a way no check foresaw.
+        problem = _with_problems(ws, step, "the runs left too little to check this step")
+        return Result(step, False, f"{problem} ({type(err).__name__}: {err})",
+                      todo(step, "run the script by hand to see what happens"))
     except Failed as failure:
         earlier = _first_failing_before(ws, step)
         if earlier is not None:
-            return Result(step, False, f"{failure.observed} (Step {earlier.step} is not right yet either: "
-                          f"{earlier.observed})", earlier.hint)
-        return Result(step, False, failure.observed, failure.hint)
+            return Result(step, False, f"{_with_problems(ws, step, failure.observed)} (Step {earlier.step} is not "
+                          f"right yet either: {earlier.observed})", earlier.hint)
+        return Result(step, False, _with_problems(ws, step, failure.observed), failure.hint)
     if observed is None:
         return Result(step, None, "not applicable here: SyncBatchNorm needs GPUs and this machine has none")
     return Result(step, True, observed)
@@ -472,7 +510,10 @@ def _first_failing_before(ws: Workspace, step: str) -> Result | None:
         try:
             CHECKS[earlier](ws)
         except Failed as failure:
-            return Result(earlier, False, failure.observed, failure.hint)
+            if not failure.inconclusive:  # a run cut short by a later step's bug says nothing about this one
+                return Result(earlier, False, failure.observed, failure.hint)
+        except (KeyError, IndexError, StopIteration, TypeError, ValueError):
+            continue
     return None
 
 

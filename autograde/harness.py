@@ -19,6 +19,7 @@ JSON it writes and the traces of the processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import runpy
@@ -27,7 +28,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 
 class _Stop(Exception):
@@ -70,13 +71,33 @@ def _known(parser: argparse.ArgumentParser, wanted: Argv) -> list[str]:
     return argv
 
 
-def setup_run(script: str, wanted: Argv) -> tuple[Setup, Any]:
-    """Run the script's main code on `wanted` until it starts real work; return what it did and its args."""
+@contextlib.contextmanager
+def _stops() -> Iterator[None]:
+    """Make the calls where real work starts raise _Stop, for as long as the block runs."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
     from torch.utils.data import DataLoader
     from torchvision.datasets import FashionMNIST
 
+    def stopper(what: str) -> Any:
+        def stop(*args: Any, **kwargs: Any) -> Any:
+            raise _Stop(what)
+        return stop
+
+    targets = [(dist, "init_process_group"), (mp, "spawn"), (mp, "start_processes"),
+               (FashionMNIST, "__init__"), (DataLoader, "__init__")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
+    for owner, name in targets:
+        setattr(owner, name, stopper(f"{getattr(owner, '__name__', owner)}.{name}"))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def setup_run(script: str, wanted: Argv) -> tuple[Setup, Any]:
+    """Run the script's main code on `wanted` until it starts real work; return what it did and its args."""
     parsers: list[argparse.ArgumentParser] = []
     namespaces: list[argparse.Namespace] = []
     original_parse = argparse.ArgumentParser.parse_args
@@ -92,20 +113,11 @@ def setup_run(script: str, wanted: Argv) -> tuple[Setup, Any]:
         namespaces.append(parsed)
         return parsed
 
-    def stopper(what: str) -> Any:
-        def stop(*args: Any, **kwargs: Any) -> Any:
-            raise _Stop(what)
-        return stop
-
-    targets = [(dist, "init_process_group"), (mp, "spawn"), (mp, "start_processes"),
-               (FashionMNIST, "__init__"), (DataLoader, "__init__")]
-    saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
-    for owner, name in targets:
-        setattr(owner, name, stopper(f"{getattr(owner, '__name__', owner)}.{name}"))
     argparse.ArgumentParser.parse_args = parse_args  # type: ignore[method-assign]
     sys.argv = [script]
     try:
-        runpy.run_path(script, run_name="__main__")
+        with _stops():
+            runpy.run_path(script, run_name="__main__")
         result.error = "the script ended without starting any work"
     except _Stop as stop:
         result.stop = str(stop)
@@ -114,8 +126,6 @@ def setup_run(script: str, wanted: Argv) -> tuple[Setup, Any]:
     except BaseException as err:  # the learner's code may raise anything
         result.error = f"the script crashed: {_short_error(err)}"
     finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
         argparse.ArgumentParser.parse_args = original_parse  # type: ignore[method-assign]
     result.env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     if not parsers:
@@ -132,8 +142,23 @@ def setup_run(script: str, wanted: Argv) -> tuple[Setup, Any]:
     return result, args
 
 
+def _definitions(script: str) -> dict[str, Any]:
+    """The script's functions, without running its main code (even a launch not under
+    `if __name__ == "__main__"` stops where it starts real work)."""
+    namespace: dict[str, Any] = {"__name__": "ddp_lab_learner", "__file__": script}
+    with open(script) as f:
+        code = compile(f.read(), script, "exec")
+    with _stops():
+        try:
+            exec(code, namespace)
+        except (_Stop, SystemExit):
+            pass
+    return namespace
+
+
 def _child(worker: Any, local_rank: int, args: Any) -> int:
     from autograde import tracer
+    tracer.emit("worker_start", local_rank=local_rank)
     try:
         worker(local_rank, args)
         tracer.record_parameters()
@@ -146,8 +171,12 @@ def _child(worker: Any, local_rank: int, args: Any) -> int:
         return 1
 
 
-def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int) -> dict[str, Any]:
-    """Set up every node, then run worker(local_rank, args) in one forked process per (node, local rank)."""
+def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
+                save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Set up every node, then run worker(local_rank, args) in one forked process per (node, local rank).
+
+    The report is saved as soon as the processes are started, and again when they end, so
+    that a run stopped for hanging still says which process was which."""
     setups, node_args = [], []
     for argv in node_argvs:
         setup, args = setup_run(script, argv)
@@ -157,7 +186,7 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int) -> dic
     if any(a is None for a in node_args) or any(s["stop"] is None for s in setups):
         report["error"] = next(s["error"] for s in setups if s["stop"] is None) or "no command line was parsed"
         return report
-    module = runpy.run_path(script, run_name="ddp_lab_learner")
+    module = _definitions(script)
     worker = module.get("worker")
     if not callable(worker):
         report["error"] = "there is no function worker(local_rank, args) in the script"
@@ -173,6 +202,8 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int) -> dic
                 sys.stderr.flush()
                 os._exit(code)
             children[pid] = {"node": node, "local_rank": local_rank, "pid": pid, "exit": None}
+    report["children"] = list(children.values())
+    save(report)
     failed_at = None
     while any(c["exit"] is None for c in children.values()):
         pid, status = os.waitpid(-1, os.WNOHANG)
@@ -187,7 +218,6 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int) -> dic
                     c["stopped"] = True
         else:
             time.sleep(0.02)
-    report["children"] = list(children.values())
     return report
 
 
@@ -203,12 +233,16 @@ def main() -> None:
     script = os.path.abspath(options.script)
     os.environ["DDP_LAB_SCRIPT"] = script
     sys.path.insert(0, os.path.dirname(script))
+
+    def save(report: dict[str, Any]) -> None:
+        with open(options.out + ".part", "w") as f:
+            json.dump(report, f)
+        os.replace(options.out + ".part", options.out)
+
     if options.mode == "setup":
-        report: dict[str, Any] = asdict(setup_run(script, json.loads(options.argv))[0])
+        save(asdict(setup_run(script, json.loads(options.argv))[0]))
     else:
-        report = workers_run(script, json.loads(options.nodes), options.procs_per_node)
-    with open(options.out, "w") as f:
-        json.dump(report, f)
+        save(workers_run(script, json.loads(options.nodes), options.procs_per_node, save))
 
 
 if __name__ == "__main__":

@@ -143,14 +143,14 @@ def _patch_distributed() -> None:
         _wrap_collective(dist, name)
 
 
-def record_parameters() -> None:
-    """A fingerprint of the DDP model's parameters (all ranks must end with the same one)."""
+def record_parameters(when: str = "end") -> None:
+    """A fingerprint of the DDP model's parameters (every rank must have the same one)."""
     if not _ddp:
         return
     digest = hashlib.sha1()
     for p in _ddp[-1].module.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    emit("parameters", sha1=digest.hexdigest())
+    emit("parameters", sha1=digest.hexdigest(), when=when)
 
 
 def _patch_spawn() -> None:
@@ -245,6 +245,7 @@ def _patch_data_loading() -> None:
         validation = id(self.dataset) in _val_datasets
         emit("loader_iter", loader=id(self), validation=validation)
         if validation:
+            record_parameters("validation")  # after an epoch's training, before evaluating
             _eval_capture.update(active=True, logits=[], labels=[])
         batches = samples = 0
         for batch in original_loader_iter(self):

@@ -1,0 +1,79 @@
+"""The step checks, run for real on the lab's own files and on typical mistakes."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from autograde import api, checks, launch
+from conftest import ROOT, SOLUTION, STARTER, snapshot
+from mistakes import MISTAKES, Mistake
+
+# How far each file of the lab gets: all steps up to its own, and not the next one.
+ORDER = [s for s in checks.STEPS if s != "optional"]
+PASSES_THROUGH = {"starter": None, **{f"after_step_{n}": str(n) for n in range(10)}}
+
+
+def expected_verdicts(last: str | None) -> dict[str, bool]:
+    """Steps up to `last` pass; the step after it fails (6.5 comes with 6)."""
+    done = ORDER[:ORDER.index(last) + 1] if last else []
+    if last == "6":
+        done.append("6.5")
+    following = next(s for s in ORDER if s not in done)
+    return {**{s: True for s in done}, following: False}
+
+
+@pytest.mark.parametrize("name", list(PASSES_THROUGH))
+def test_each_lab_file_passes_its_steps_and_fails_the_next(name: str) -> None:
+    script = STARTER if name == "starter" else snapshot(int(name.rsplit("_", 1)[1]))
+    expected = expected_verdicts(PASSES_THROUGH[name])
+    results = {r.step: r for r in api.check_steps(list(expected), script)}
+    for step, passes in expected.items():
+        assert results[step].passed is passes, f"Step {step}: {results[step].observed}"
+    failing = next(r for r in results.values() if not r.passed)
+    assert failing.hint and f"Step {failing.step}" in failing.hint
+
+
+def test_finished_solution_passes_everything_from_the_command_line() -> None:
+    result = launch.run([launch.PYTHON, "-m", "autograde", "check", "--all", "--json", "--script", SOLUTION],
+                        timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.output
+    verdicts = {r["step"]: r["status"] for r in json.loads(result.stdout)}
+    assert verdicts == {**{s: "pass" for s in ORDER}, "optional": "n/a"}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
+def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistake, tmp_path: Path) -> None:
+    script = tmp_path / "fashion_mnist.py"
+    script.write_text(mistake.apply(SOLUTION.read_text()))
+    started = time.monotonic()
+    results = {r.step: r for r in api.check_steps([mistake.step], script)}
+    verdict = results[mistake.step]
+    assert verdict.passed is False, f"{mistake.name}: Step {mistake.step} passed: {verdict.observed}"
+    assert mistake.expect in verdict.observed, verdict.observed
+    assert "is not right yet" not in verdict.observed, f"an earlier step failed instead: {verdict.observed}"
+    assert time.monotonic() - started < 150, "the check took too long: it must stop a hang itself"
+
+
+def test_assert_step_raises_with_the_failure_message() -> None:
+    assert api.assert_step(0, SOLUTION).passed
+    with pytest.raises(AssertionError, match="Step 0: the script does not import torch.distributed"):
+        api.assert_step("0", STARTER)
+
+
+def test_bad_arguments_get_one_line(tmp_path: Path) -> None:
+    unknown = launch.run([launch.PYTHON, "-m", "autograde", "check", "--step", "11"], timeout=60, cwd=ROOT)
+    assert unknown.returncode == 2 and "unknown step '11'" in unknown.stderr and "Traceback" not in unknown.output
+    missing = launch.run([launch.PYTHON, "-m", "autograde", "check", "--script", tmp_path / "nope.py"],
+                         timeout=60, cwd=ROOT)
+    assert missing.returncode == 2 and "no script at" in missing.stderr and "Traceback" not in missing.output
+
+
+def test_the_learners_folder_is_left_alone(tmp_path: Path) -> None:
+    script = tmp_path / "fashion_mnist.py"
+    script.write_text(SOLUTION.read_text())
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    api.check_steps(["0", "5"], script)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before

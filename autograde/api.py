@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from autograde import checks
 from autograde.runs import Workspace
@@ -17,7 +18,7 @@ def normalise(step: str | int | float) -> str:
     return text
 
 
-def check_steps(steps: list[str | int | float] | None = None, script: str | Path | None = None,
+def check_steps(steps: Sequence[str | int | float] | None = None, script: str | Path | None = None,
                 procs_per_node: int = 2, nodes: int = 2) -> list[checks.Result]:
     """Check the given steps (all of them if None) of `script`; one verdict per step, in lab order."""
     wanted = {normalise(s) for s in steps} if steps else set(checks.STEPS)

@@ -250,6 +250,16 @@ def _iterated_loaders(trace: traces.ProcessTrace) -> dict[bool, dict]:
     return found
 
 
+def _loader(ws: Workspace, rank: int, trace: traces.ProcessTrace, train: bool, step: str) -> dict:
+    """Rank `rank`'s training (or validation) loader; inconclusive if it made none."""
+    loader = _iterated_loaders(trace).get(train)
+    if loader is None:
+        kind = "training" if train else "validation"
+        raise Failed(ws.workers.problem() or f"rank {rank} made no {kind} loader",
+                     todo(step, "the earlier steps must work first"), inconclusive=True)
+    return loader
+
+
 def _shards(trace: traces.ProcessTrace, sampler: int) -> list[list[int]]:
     return [e["indices"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
 
@@ -262,10 +272,8 @@ def check_6(ws: Workspace) -> str:
     evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "6")
     sizes = {}
     for rank, trace in sorted(ranks.items()):
-        loaders = _iterated_loaders(trace)
         for train, name in ((True, "training"), (False, "validation")):
-            loader = loaders.get(train)
-            evidence(loader, ws.workers, f"rank {rank} made no {name} loader", "6")
+            loader = _loader(ws, rank, trace, train, "6")
             require(loader["sampler_type"] == "DistributedSampler",
                     f"rank {rank}'s {name} loader draws from a {loader['sampler_type']}, not a DistributedSampler",
                     "6", f"pass sampler=... to the {name} DataLoader")
@@ -292,9 +300,7 @@ def check_6_5(ws: Workspace) -> str:
     """set_epoch(epoch) is called before each epoch's iteration, so the order changes from
     epoch to epoch and the ranks stay consistent."""
     for rank, trace in sorted(ws.workers.ranks().items()):
-        loader = _iterated_loaders(trace).get(True)
-        evidence(loader, ws.workers, f"rank {rank} has no training loader", "6.5")
-        sampler = loader["sampler"]
+        sampler = _loader(ws, rank, trace, True, "6.5")["sampler"]
         orders = _shards(trace, sampler)
         evidence(len(orders) >= 2, ws.workers, f"rank {rank} trained fewer than 2 epochs", "6.5")
         epochs = [e["epoch"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
@@ -393,7 +399,7 @@ def _validation_truth(ranks: dict[int, traces.ProcessTrace]) -> list[tuple[tuple
         ends = [e for e in trace.named("loader_end") if e["loader"] == loader["loader"]]
         shards = _shards(trace, loader["sampler"])
         per_rank[rank] = list(zip(shards, [e.get("per_image") for e in ends]))
-    truth = []
+    truth: list[tuple[tuple[float, float], tuple[float, float]]] = []
     for epoch in range(min(len(v) for v in per_rank.values())):
         seen: dict[int, list[float]] = {}
         means = []
@@ -404,9 +410,9 @@ def _validation_truth(ranks: dict[int, traces.ProcessTrace]) -> list[tuple[tuple
             for index, values in zip(indices, per_image):
                 seen.setdefault(index, values)
             means.append([sum(v[i] for v in per_image) / len(per_image) for i in (0, 1)])
-        exact = tuple(sum(v[i] for v in seen.values()) / len(seen) for i in (0, 1))
-        average = tuple(sum(m[i] for m in means) / len(means) for i in (0, 1))
-        truth.append((exact, average))  # type: ignore[arg-type]
+        exact = (sum(v[0] for v in seen.values()) / len(seen), sum(v[1] for v in seen.values()) / len(seen))
+        average = (sum(m[0] for m in means) / len(means), sum(m[1] for m in means) / len(means))
+        truth.append((exact, average))
     return truth
 
 

@@ -72,10 +72,10 @@ def _render(label: int, rng: np.random.Generator) -> np.ndarray:
         draw.line([(x0, y0), (x1, y1)], fill=int(rng.integers(0, 256)), width=int(rng.integers(1, 3)) * scale)
     # Random size, rotation and position.
     zoom = rng.uniform(0.75, 1.1)
-    canvas = canvas.rotate(float(rng.uniform(-12, 12)), resample=Image.BILINEAR,
-                           translate=(float(rng.uniform(-3, 3)) * scale, float(rng.uniform(-3, 3)) * scale))
+    canvas = canvas.rotate(float(rng.uniform(-12, 12)), resample=Image.Resampling.BILINEAR,
+                           translate=(round(rng.uniform(-3, 3) * scale), round(rng.uniform(-3, 3) * scale)))
     size = max(8, round(IMAGE_SIZE * zoom))
-    small = canvas.resize((size, size), Image.BILINEAR)
+    small = canvas.resize((size, size), Image.Resampling.BILINEAR)
     image = Image.new("L", (IMAGE_SIZE, IMAGE_SIZE), 0)
     image.paste(small, ((IMAGE_SIZE - size) // 2, (IMAGE_SIZE - size) // 2))
     pixels = np.asarray(image, dtype=np.float32)

@@ -22,7 +22,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from autograde import data, launch, traces
+from autograde import data, launch
+from autograde.traces import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
 STARTUP = PACKAGE / "_startup"
@@ -40,7 +41,7 @@ class Run:
 
     name: str
     results: list[launch.Result]
-    traces: dict[int, traces.ProcessTrace]
+    traces: dict[int, ProcessTrace]
     report: dict[str, Any] | None = None
     stalled: bool = False
     argv: list[str] = field(default_factory=list)
@@ -53,14 +54,14 @@ class Run:
     def ok(self) -> bool:
         return not self.stalled and all(r.returncode == 0 and not r.timed_out for r in self.results)
 
-    def ranks(self) -> dict[int, traces.ProcessTrace]:
+    def ranks(self) -> dict[int, ProcessTrace]:
         """The traces of the processes that joined a process group, by global rank."""
         return {t.rank: t for t in self.traces.values() if t.rank is not None}
 
     def problem(self) -> str | None:
         """One sentence on what went wrong in this run, or None."""
         if self.stalled or any(r.timed_out for r in self.results):
-            waiting = [f"{t.label()} in {traces.where(e)}" for t in self.traces.values()
+            waiting = [f"{t.label()} in {where(e)}" for t in self.traces.values()
                        if (e := t.waiting_in()) is not None]
             detail = "; ".join(waiting) if waiting else "no process was in a torch.distributed call"
             how = f"nothing happened for {STALL_SECONDS:.0f} s" if self.stalled else "it ran out of time"
@@ -119,9 +120,9 @@ class Workspace:
         return {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
                 "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging)}
 
-    def _common(self, data_dir: Path, epochs: int = EPOCHS) -> Argv:
+    def _common(self, data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:
         return [["--widen-factor", 1], ["--batch-size", 16], ["--epochs", epochs], ["--target-accuracy", 0],
-                ["--patience", 2], ["--data-dir", data_dir], ["--master-port", launch.free_port()]]
+                ["--patience", 2], ["--data-dir", data_dir], ["--master-port", port or launch.free_port()]]
 
     def _launch(self, name: str, commands: list[list[str]], trace_dir: Path) -> tuple[list[launch.Result], bool]:
         """Start the commands together; stop them all at a deadlock or the time limit."""
@@ -149,7 +150,7 @@ class Workspace:
             cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value, default=str)]
         results, stalled = self._launch(name, [cmd], folder)
         report = json.loads(out.read_text()) if out.exists() else None
-        return Run(name, results, traces.read(folder), report, stalled)
+        return Run(name, results, read_traces(folder), report, stalled)
 
     @cached_property
     def setup(self) -> Run:
@@ -160,8 +161,9 @@ class Workspace:
     @cached_property
     def workers(self) -> Run:
         """worker(local_rank, args) in every process of `nodes` simulated nodes, each with its own disk."""
+        port = launch.free_port()
         nodes = [[["--num-nodes", self.nodes], ["--node-id", k], ["--num-gpus", self.procs_per_node]]
-                 + self._common(self.root / f"node{k}-disk") for k in range(self.nodes)]
+                 + self._common(self.root / f"node{k}-disk", port=port) for k in range(self.nodes)]
         return self._harness("workers run", "workers", nodes=nodes, procs_per_node=str(self.procs_per_node))
 
     def _argv(self, pairs: Argv) -> list[str]:
@@ -179,15 +181,17 @@ class Workspace:
         folder = self._folder("program run")
         argv = self._argv([["--num-gpus", 2]] + self._common(folder / "data", epochs=1))
         results, stalled = self._launch("program run", [[launch.PYTHON, str(self.script), *argv]], folder)
-        return Run("program run", results, traces.read(folder), None, stalled, argv)
+        return Run("program run", results, read_traces(folder), None, stalled, argv)
 
     @cached_property
     def two_nodes(self) -> Run:
         """Two node commands (--num-nodes 2 --node-id 0|1 --num-gpus 1) started together on this machine."""
         folder = self._folder("two-node run")
-        common = self._common(folder / "data", epochs=1)
-        commands = [[launch.PYTHON, str(self.script),
-                     *self._argv([["--num-nodes", 2], ["--node-id", k], ["--num-gpus", 1]] + common)]
-                    for k in (0, 1)]
+        port = launch.free_port()
+        commands = []
+        for k in (0, 1):  # each node with a disk of its own
+            layout: Argv = [["--num-nodes", 2], ["--node-id", k], ["--num-gpus", 1]]
+            argv = self._argv(layout + self._common(folder / f"node{k}-disk", epochs=1, port=port))
+            commands.append([launch.PYTHON, str(self.script), *argv])
         results, stalled = self._launch("two-node run", commands, folder)
-        return Run("two-node run", results, traces.read(folder), None, stalled, commands[0][2:])
+        return Run("two-node run", results, read_traces(folder), None, stalled, commands[0][2:])

@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import time
+from types import FrameType
 from typing import Any, Callable
 
 TRACE_DIR = "DDP_LAB_TRACE_DIR"
@@ -51,7 +52,7 @@ def _rank() -> int | None:
 
 def _line() -> int | None:
     """The line of the learner's script that led to the current call, if any."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if _script and os.path.abspath(frame.f_code.co_filename) == _script:
             return frame.f_lineno
@@ -198,7 +199,7 @@ def _patch_dataset() -> None:
         os.makedirs(self.raw_folder, exist_ok=True)
         raw = os.path.join(staging, "FashionMNIST", "raw")
         for name in sorted(os.listdir(raw)):
-            partial = os.path.join(self.raw_folder, name + ".part")
+            partial = os.path.join(self.raw_folder, f"{name}.{os.getpid()}.part")
             shutil.copyfile(os.path.join(raw, name), partial)
             os.replace(partial, os.path.join(self.raw_folder, name))
         emit("download_end", root=os.path.abspath(str(self.root)))

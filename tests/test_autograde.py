@@ -77,3 +77,22 @@ def test_the_learners_folder_is_left_alone(tmp_path: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     api.check_steps(["0", "5"], script)
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_a_deadlock_names_each_rank_and_the_call_it_waits_in(tmp_path: Path) -> None:
+    (mistake,) = [m for m in MISTAKES if m.name == "epoch_barrier_on_rank_0_only"]
+    script = tmp_path / "fashion_mnist.py"
+    script.write_text(mistake.apply(SOLUTION.read_text()))
+    (verdict,) = api.check_steps(["8"], script)
+    assert "deadlocked" in verdict.observed and "rank 0 in dist.barrier() (line" in verdict.observed, verdict.observed
+
+
+def test_a_script_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
+    script = tmp_path / "fashion_mnist.py"
+    text = SOLUTION.read_text().replace("def worker(local_rank, args):\n",
+                                        "def worker(local_rank, args):\n    time.sleep(3600)\n", 1)
+    script.write_text(text)
+    started = time.monotonic()
+    (verdict,) = api.check_steps(["4"], script)
+    assert time.monotonic() - started < 90
+    assert verdict.passed is False and "deadlocked" in verdict.observed, verdict.observed

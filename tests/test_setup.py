@@ -51,3 +51,13 @@ def test_make_run_with_the_data_set_uses_it_without_a_banner(tmp_path: Path) -> 
     assert "SYNTHETIC" not in result.stdout and "stand-in" not in result.stdout
     assert not (tmp_path / "synthetic").exists()
     assert len(output.epochs(result.stdout)) == 1
+
+
+def test_every_make_target_in_the_readme_is_defined_once() -> None:
+    readme = (ROOT / "README.md").read_text()
+    targets = sorted(set(re.findall(r"`make ([a-z-]+)", readme)))
+    assert {"lab", "test", "run", "check", "bench", "data", "synthetic-data"} <= set(targets)
+    for target in targets:
+        dry = launch.run(["make", "-n", target], timeout=60, cwd=ROOT)
+        assert dry.returncode == 0, dry.output
+        assert "warning" not in dry.stderr.lower(), dry.stderr

@@ -19,16 +19,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde", description="Check the DDP Lab's steps.")
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="check steps of the learner's script")
-    check.add_argument("--step", action="append", default=[], metavar="S",
-                       help=f"a step to check ({' '.join(checks.STEPS)}); repeat for several")
+    check.add_argument("--step", action="extend", nargs="+", default=[], metavar="S",
+                       help=f"steps to check, out of: {' '.join(checks.STEPS)}")
     check.add_argument("--all", action="store_true", help="check every step (the default without --step)")
     check.add_argument("--script", help="the script to check (default: fashion_mnist.py here or in ..)")
     check.add_argument("--json", action="store_true", help="print the results as JSON")
     check.add_argument("--procs-per-node", type=int, default=2, help="processes per simulated node (default 2)")
+    check.add_argument("--nodes", type=int, default=2, help="simulated nodes for Steps 3-9 (default 2)")
     args = parser.parse_args(argv)
     try:
         steps = None if args.all or not args.step else [api.normalise(s) for s in args.step]
-        results = api.check_steps(steps, args.script, procs_per_node=args.procs_per_node)
+        if args.procs_per_node < 1 or args.nodes < 1:
+            raise ValueError("--procs-per-node and --nodes must be at least 1")
+        results = api.check_steps(steps, args.script, procs_per_node=args.procs_per_node, nodes=args.nodes)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
     if args.json:

@@ -283,9 +283,14 @@ def check_6(ws: Workspace) -> str:
                     f"rank={sampler['sampler_rank']}", "6", "num_replicas=world size, rank=global rank")
             sizes[train] = sampler["size"]
     for train, name in ((True, "training"), (False, "validation")):
-        per_rank = [_shards(t, _iterated_loaders(t)[train]["sampler"]) for _, t in sorted(ranks.items())]
+        samplers = [(t, _iterated_loaders(t)[train]["sampler"]) for _, t in sorted(ranks.items())]
+        per_rank = [_shards(t, sampler) for t, sampler in samplers]
+        sampler_epochs = [[e["epoch"] for e in t.named("sampler_iter") if e["sampler"] == sampler]
+                          for t, sampler in samplers]
         epochs = min(len(s) for s in per_rank)
         for epoch in range(epochs):
+            if len({e[epoch] for e in sampler_epochs}) > 1:
+                continue  # the ranks shuffled for different epochs: Step 6.5's check says so
             shards = [s[epoch] for s in per_rank]
             total = sum(len(s) for s in shards)
             covered = set().union(*map(set, shards))
@@ -299,6 +304,7 @@ def check_6(ws: Workspace) -> str:
 def check_6_5(ws: Workspace) -> str:
     """set_epoch(epoch) is called before each epoch's iteration, so the order changes from
     epoch to epoch and the ranks stay consistent."""
+    seen: list[list[int]] = []
     for rank, trace in sorted(ws.workers.ranks().items()):
         sampler = _loader(ws, rank, trace, True, "6.5")["sampler"]
         orders = _shards(trace, sampler)
@@ -309,6 +315,9 @@ def check_6_5(ws: Workspace) -> str:
                 "6.5", "call train_sampler.set_epoch(epoch) at the start of each epoch")
         require(orders[0] != orders[1], f"rank {rank} saw the same order in epochs 1 and 2", "6.5",
                 "call train_sampler.set_epoch(epoch) with the epoch number")
+        seen.append(epochs)
+    require(all(e == seen[0] for e in seen), f"the ranks set different epochs on their samplers: {seen}", "6.5",
+            "call set_epoch(epoch) with the same epoch number on every rank")
     return "set_epoch before every epoch: a new order each epoch, the same on every rank"
 
 

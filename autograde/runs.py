@@ -27,7 +27,7 @@ from autograde.traces import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
 STARTUP = PACKAGE / "_startup"
-STALL_SECONDS = 12.0
+STALL_SECONDS = 12.0  # on GPUs, 30: setting up CUDA and NCCL can be slow
 TIME_LIMIT = 120.0
 TRAIN_SIZE, VAL_SIZE = 160, 51  # 51: the validation shards need the sampler's padding
 EPOCHS = 3  # with --target-accuracy 0 and --patience 2, a right script stops after epoch 2
@@ -64,7 +64,7 @@ class Run:
             waiting = [f"{t.label()} in {where(e)}" for t in self.traces.values()
                        if (e := t.waiting_in()) is not None]
             detail = "; ".join(waiting) if waiting else "no process was in a torch.distributed call"
-            how = f"nothing happened for {STALL_SECONDS:.0f} s" if self.stalled else "it ran out of time"
+            how = f"nothing happened for {STALL_SECONDS:.0f} s or more" if self.stalled else "it ran out of time"
             return f"the {self.name} deadlocked ({how}): waiting were {detail}"
         crashes = [e for t in self.traces.values() for e in t.named("crash")]
         if crashes:
@@ -107,6 +107,10 @@ class Workspace:
         self.close()
 
     @property
+    def stall_seconds(self) -> float:
+        return 30.0 if self.on_gpu else STALL_SECONDS
+
+    @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
@@ -118,7 +122,9 @@ class Workspace:
     def _env(self, trace_dir: Path) -> dict[str, str]:
         path = [str(STARTUP), str(PACKAGE.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
         return {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
-                "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging)}
+                "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging),
+                # asking how many GPUs there are must not set up CUDA: the workers run forks
+                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
     def _common(self, data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:
         return [["--widen-factor", 1], ["--batch-size", 16], ["--epochs", epochs], ["--target-accuracy", 0],
@@ -134,7 +140,7 @@ class Workspace:
             now_size = sum(f.stat().st_size for f in trace_dir.glob("trace-*.jsonl"))
             if now_size != size:
                 size, last_change = now_size, time.monotonic()
-            elif size and time.monotonic() - last_change > STALL_SECONDS:
+            elif size and time.monotonic() - last_change > self.stall_seconds:
                 stalled = True
                 break
         if stalled:

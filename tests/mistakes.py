@@ -52,6 +52,9 @@ MISTAKES = [
     Mistake("no_set_epoch", "6.5", (("        train_sampler.set_epoch(epoch)\n", ""),), "the same order"),
     Mistake("set_epoch_constant", "6.5", (("        train_sampler.set_epoch(epoch)\n", "        train_sampler.set_epoch(0)\n"),),
             "the same order"),
+    Mistake("set_epoch_differs_by_rank", "6.5", (("        train_sampler.set_epoch(epoch)\n",
+                                                  "        train_sampler.set_epoch(epoch + rank)\n"),),
+            "different epochs"),
     Mistake("wrapped_before_moved", "7", (("    model = WideResNet(args.widen_factor).to(device)\n",
                                            "    model = WideResNet(args.widen_factor)\n"),
                                           ("        model, device_ids=[local_rank] if torch.cuda.is_available() "

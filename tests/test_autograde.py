@@ -63,9 +63,24 @@ def test_assert_step_raises_with_the_failure_message() -> None:
         api.assert_step("0", STARTER)
 
 
+def test_several_steps_at_once_from_the_command_line() -> None:
+    result = launch.run([launch.PYTHON, "-m", "autograde", "check", "--step", "0", "1", "--json", "--script", SOLUTION],
+                        timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.output
+    assert [(r["step"], r["status"]) for r in json.loads(result.stdout)] == [("0", "pass"), ("1", "pass")]
+
+
+def test_three_processes_on_one_node_as_a_grader_may_ask() -> None:
+    results = api.check_steps(["4", "6", "9"], SOLUTION, procs_per_node=3, nodes=1)
+    assert all(r.passed for r in results), [r.observed for r in results]
+    assert "3 processes joined as ranks 0-2 of 3" in results[0].observed
+
+
 def test_bad_arguments_get_one_line(tmp_path: Path) -> None:
     unknown = launch.run([launch.PYTHON, "-m", "autograde", "check", "--step", "11"], timeout=60, cwd=ROOT)
     assert unknown.returncode == 2 and "unknown step '11'" in unknown.stderr and "Traceback" not in unknown.output
+    layout = launch.run([launch.PYTHON, "-m", "autograde", "check", "--procs-per-node", "0"], timeout=60, cwd=ROOT)
+    assert layout.returncode == 2 and "at least 1" in layout.stderr and "Traceback" not in layout.output
     missing = launch.run([launch.PYTHON, "-m", "autograde", "check", "--script", tmp_path / "nope.py"],
                          timeout=60, cwd=ROOT)
     assert missing.returncode == 2 and "no script at" in missing.stderr and "Traceback" not in missing.output

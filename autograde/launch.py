@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 PYTHON = sys.executable
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -59,24 +60,39 @@ def start(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
                             start_new_session=True)
 
 
+def _processes() -> list[tuple[str, int, float]]:
+    """(state, process group, CPU seconds used) of every process, from /proc (Linux only)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process went away while we looked
+        found.append((fields[0], int(fields[2]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS))
+    return found
+
+
 def _group_alive(pgid: int) -> bool:
     """True while a process of the group is still running (exited, unreaped zombies do not count)."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: ask the kernel whether the group exists at all
+    if not Path("/proc").is_dir():  # not Linux: ask the kernel whether the group exists at all
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
         return True
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process went away while we looked
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state != "Z":
-            return True
-    return False
+    return any(group == pgid and state != "Z" for state, group, _ in _processes())
+
+
+def cpu_seconds(pgids: Sequence[int]) -> float:
+    """CPU time used so far by the live processes of these groups (0 where /proc is missing).
+
+    Busy processes are working, even when they say nothing: starting Python and importing
+    torch takes seconds of CPU, more on a loaded machine. Processes stuck in a collective
+    wait for the network and use next to none.
+    """
+    if not Path("/proc").is_dir():
+        return 0.0
+    return sum(cpu for _, group, cpu in _processes() if group in pgids)
 
 
 def kill_group(pgid: int) -> None:

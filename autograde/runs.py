@@ -6,7 +6,7 @@ traced processes with a time limit.
 - program run (Step 10): `python script.py --num-gpus 2`, as a learner types it;
 - two-node run (Step 10): two node commands started together.
 
-A run that stops producing trace events for STALL_SECONDS while its processes live is
+A run whose processes neither produce trace events nor use the CPU for STALL_SECONDS is
 deadlocked: it is stopped there, rather than at the time limit, and every process's
 open call (the collective it was waiting in) is reported.
 """
@@ -29,6 +29,7 @@ PACKAGE = Path(__file__).resolve().parent
 STARTUP = PACKAGE / "_startup"
 STALL_SECONDS = 12.0  # on GPUs, 30: setting up CUDA and NCCL can be slow
 TIME_LIMIT = 120.0
+CPU_PROGRESS = 0.5  # CPU seconds the processes must use, without a trace event, not to count as stalled
 TRAIN_SIZE, VAL_SIZE = 160, 51  # 51: the validation shards need the sampler's padding
 EPOCHS = 3  # with --target-accuracy 0 and --patience 2, a right script stops after epoch 2
 
@@ -63,9 +64,9 @@ class Run:
         if self.stalled or any(r.timed_out for r in self.results):
             waiting = [f"{t.label()} in {where(e)}" for t in self.traces.values()
                        if (e := t.waiting_in()) is not None]
-            detail = "; ".join(waiting) if waiting else "no process was in a torch.distributed call"
+            detail = f"waiting were {'; '.join(waiting)}" if waiting else "no process was in a torch.distributed call"
             how = f"nothing happened for {STALL_SECONDS:.0f} s or more" if self.stalled else "it ran out of time"
-            return f"the {self.name} deadlocked ({how}): waiting were {detail}"
+            return f"the {self.name} deadlocked ({how}): {detail}"
         crashes = [e for t in self.traces.values() for e in t.named("crash")]
         if crashes:
             return f"the {self.name} crashed: {crashes[0]['error']}"
@@ -106,6 +107,15 @@ class Workspace:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def made(self) -> dict[str, Run]:
+        """The runs made so far, by name (setup, workers, program, two_nodes)."""
+        return {name: run for name, run in vars(self).items() if isinstance(run, Run)}
+
+    @property
+    def ran_out_of_time(self) -> bool:
+        """Whether a run made so far hit TIME_LIMIT (a deadlock stops earlier, as a stall)."""
+        return any(r.timed_out for run in self.made().values() for r in run.results)
+
     @property
     def stall_seconds(self) -> float:
         return 30.0 if self.on_gpu else STALL_SECONDS
@@ -134,13 +144,19 @@ class Workspace:
         """Start the commands together; stop them all at a deadlock or the time limit."""
         started = time.monotonic()
         procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir)) for cmd in commands]
-        size, last_change, stalled = 0, time.monotonic(), False
+        size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
         while any(p.poll() is None for p in procs) and time.monotonic() - started < TIME_LIMIT:
             time.sleep(0.1)
+            polls += 1
             now_size = sum(f.stat().st_size for f in trace_dir.glob("trace-*.jsonl"))
             if now_size != size:
                 size, last_change = now_size, time.monotonic()
-            elif size and time.monotonic() - last_change > self.stall_seconds:
+            if polls % 10 == 0:  # once a second: silent, but working (say, importing torch)?
+                now_cpu = launch.cpu_seconds([p.pid for p in procs])
+                busy, cpu = busy + max(0.0, now_cpu - cpu), now_cpu
+                if busy > CPU_PROGRESS:
+                    busy, last_change = 0.0, time.monotonic()
+            if size and time.monotonic() - last_change > self.stall_seconds:
                 stalled = True
                 break
         if stalled:

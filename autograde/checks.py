@@ -305,7 +305,9 @@ def check_6_5(ws: Workspace) -> str:
     """set_epoch(epoch) is called before each epoch's iteration, so the order changes from
     epoch to epoch and the ranks stay consistent."""
     seen: list[list[int]] = []
-    for rank, trace in sorted(ws.workers.ranks().items()):
+    ranks = ws.workers.ranks()
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "6.5")
+    for rank, trace in sorted(ranks.items()):
         sampler = _loader(ws, rank, trace, True, "6.5")["sampler"]
         orders = _shards(trace, sampler)
         evidence(len(orders) >= 2, ws.workers, f"rank {rank} trained fewer than 2 epochs", "6.5")
@@ -490,10 +492,15 @@ RUNS = {"1": ["setup"], "2": ["setup"], "optional": ["program"], "10": ["program
         **{s: ["workers"] for s in ("3", "4", "5", "6", "6.5", "7", "8", "9")}}
 
 
+def answered_by(made: set[str]) -> list[str]:
+    """The steps whose checks read only runs in `made` (Step 0 reads none)."""
+    return [step for step in STEPS if set(RUNS.get(step, [])) <= made]
+
+
 def _with_problems(ws: Workspace, step: str, observed: str) -> str:
     """`observed`, plus what went wrong in the runs the step read (a deadlock, a crash)."""
     for name in RUNS.get(step, []):
-        run = ws.__dict__.get(name)  # only runs that were made
+        run = ws.made().get(name)
         problem = run.problem() if run is not None else None
         if problem and problem not in observed:
             observed += f"; {problem}"

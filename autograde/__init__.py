@@ -6,6 +6,6 @@ this package only ever runs them as separate processes.
     from autograde import check_steps, assert_step
     assert_step(4)                      # raises AssertionError with what is wrong
 """
-from autograde.api import assert_step, check_steps
+from autograde.api import assert_step, check_steps, progress
 
-__all__ = ["assert_step", "check_steps"]
+__all__ = ["assert_step", "check_steps", "progress"]

@@ -26,19 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", action="store_true", help="print the results as JSON")
     check.add_argument("--procs-per-node", type=int, default=2, help="processes per simulated node (default 2)")
     check.add_argument("--nodes", type=int, default=2, help="simulated nodes for Steps 3-9 (default 2)")
+    check.add_argument("--fresh", action="store_true", help="run the script again even if its verdicts are known")
     args = parser.parse_args(argv)
     try:
         steps = None if args.all or not args.step else [api.normalise(s) for s in args.step]
         if args.procs_per_node < 1 or args.nodes < 1:
             raise ValueError("--procs-per-node and --nodes must be at least 1")
-        results = api.check_steps(steps, args.script, procs_per_node=args.procs_per_node, nodes=args.nodes)
+        results = api.check_steps(steps, args.script, procs_per_node=args.procs_per_node, nodes=args.nodes,
+                                   fresh=args.fresh)
     except (ValueError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
     if args.json:
         print(json.dumps([asdict(r) | {"status": r.status} for r in results], indent=2))
     else:
-        for r in results:
-            print(f"Step {r.step:<8} {r.status:<4}  {r.observed}" + (f"\n{'':15}hint: {r.hint}" if r.hint else ""))
+        print(api.report(results))
     return 0 if all(r.passed is not False for r in results) else 1
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,13 @@ PROBE = Path(__file__).resolve().parent / "probe"
 TRAIN_SIZE, VAL_SIZE = 640, 301  # 301: two processes' validation shards need the sampler's padding
 # Small and quick: the narrow model, one thread per process, big enough batches.
 QUICK = ["--widen-factor", "1", "--batch-size", "64", "--epochs", "1"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fresh_verdicts(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Check verdicts are cached on disk (autograde/cache.py): every test session starts empty,
+    so that no verdict comes from an earlier session's runs."""
+    os.environ["DDP_LAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("verdicts"))
 
 
 def snapshot(step: int) -> Path:

@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from autograde import api, checks, launch
+from autograde import api, cache, checks, launch
 from conftest import ROOT, SOLUTION, STARTER, snapshot
 from mistakes import MISTAKES, Mistake
 
@@ -57,8 +58,9 @@ def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistak
     assert time.monotonic() - started < 150, "the check took too long: it must stop a hang itself"
 
 
-def test_assert_step_raises_with_the_failure_message() -> None:
-    assert api.assert_step(0, SOLUTION).passed
+def test_assert_step_raises_with_the_failure_message(capsys: pytest.CaptureFixture[str]) -> None:
+    api.assert_step(0, SOLUTION)
+    assert capsys.readouterr().out == "Step 0: pass: imports torch.distributed\n"
     with pytest.raises(AssertionError, match="Step 0: the script does not import torch.distributed"):
         api.assert_step("0", STARTER)
 
@@ -111,3 +113,17 @@ def test_a_script_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
     (verdict,) = api.check_steps(["4"], script)
     assert time.monotonic() - started < 90
     assert verdict.passed is False and "deadlocked" in verdict.observed, verdict.observed
+
+
+def test_verdicts_are_reused_for_the_same_file_and_redone_after_an_edit(tmp_path: Path) -> None:
+    script = tmp_path / "fashion_mnist.py"
+    script.write_text(SOLUTION.read_text())
+    (step_4,) = api.check_steps(["4"], script)
+    # the run made for Step 4 answered, and kept, every step that reads only that run
+    on_gpu = torch.cuda.device_count() >= 2
+    kept = cache.load(script, 2, 2, on_gpu)
+    assert {"0", "3", "4", "5", "6", "6.5", "7", "8", "9"} <= set(kept) and kept["4"] == step_4
+    script.write_text(SOLUTION.read_text().replace("import torch.distributed as dist\n", "", 1))
+    assert cache.load(script, 2, 2, on_gpu) == {}  # another file: nothing known yet
+    (step_0,) = api.check_steps(["0"], script)
+    assert step_0.passed is False

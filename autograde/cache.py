@@ -1,0 +1,65 @@
+"""Verdicts kept on disk, so that one set of runs of a script answers every step that asks.
+
+Checking a step launches the learner's script; the next check of the same file (another
+notebook's check cell, an nbgrader grade cell, the progress cell) reads the verdicts those
+runs gave instead of launching it again. A verdict is keyed by the script's exact bytes, the
+process layout, whether GPUs were used and the checker's own source: editing the script (or
+the checker) means new runs. Verdicts from runs that hit the time limit are not kept, since
+a machine that was only busy deserves a second try.
+
+The folder is $DDP_LAB_CACHE_DIR, or ddp-lab-verdicts-<uid> in the system's temporary folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+from autograde.checks import Result
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def folder() -> Path:
+    default = Path(tempfile.gettempdir()) / f"ddp-lab-verdicts-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    return Path(os.environ.get("DDP_LAB_CACHE_DIR") or default)
+
+
+@lru_cache(maxsize=1)
+def checker_version() -> str:
+    """A digest of the checker's source: verdicts of an older checker are not reused."""
+    digest = hashlib.sha256()
+    for path in sorted([*PACKAGE.glob("*.py"), *PACKAGE.glob("_startup/*.py")]):
+        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _file(script: Path, procs_per_node: int, nodes: int, on_gpu: bool) -> Path:
+    key = hashlib.sha256(script.read_bytes())
+    key.update(f"{procs_per_node}x{nodes}:{on_gpu}:{checker_version()}".encode())
+    return folder() / f"{key.hexdigest()[:32]}.json"
+
+
+def load(script: Path, procs_per_node: int, nodes: int, on_gpu: bool) -> dict[str, Result]:
+    """The verdicts known for this exact script and layout (none when unreadable)."""
+    try:
+        stored = json.loads(_file(script, procs_per_node, nodes, on_gpu).read_text())
+        return {step: Result(**fields) for step, fields in stored.items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def save(script: Path, procs_per_node: int, nodes: int, on_gpu: bool, verdicts: dict[str, Result]) -> None:
+    """Keep `verdicts` for the script (written whole, then renamed, so readers never see half a file)."""
+    target = _file(script, procs_per_node, nodes, on_gpu)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({step: asdict(r) for step, r in verdicts.items()}))
+        partial.replace(target)
+    except OSError:
+        pass  # a read-only or full disk only costs new runs next time

@@ -1,0 +1,60 @@
+"""The notebooks, run top to bottom with nbval as a learner who finished the lab runs them:
+the finished solution in place of fashion_mnist.py, quick mode (tiny runs) on the CPU."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+
+from autograde import launch
+from conftest import ROOT, SOLUTION
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def nbval(folder: Path, *paths: Path | str, timeout: float) -> launch.Result:
+    """pytest --nbval-lax on `paths`, in `folder`, in quick mode; the kernels use this interpreter."""
+    path = os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])
+    return launch.run([launch.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=900", "-p",
+                       "no:cacheprovider", "-q", "-o", "addopts=", *paths], cwd=folder, timeout=timeout,
+                      env={"DDP_LAB_QUICK": "1", "PATH": path})
+
+
+def learner_copy(tmp_path: Path) -> Path:
+    """The course as a learner has it after the last step."""
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    shutil.copy(SOLUTION, tmp_path / "fashion_mnist.py")
+    return tmp_path
+
+
+def test_every_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
+    course = learner_copy(tmp_path)
+    result = nbval(course / "notebooks", *[nb.name for nb in NOTEBOOKS], timeout=1200)
+    assert result.returncode == 0 and not result.timed_out, result.output[-5000:]
+    code_cells = sum(c["cell_type"] == "code" for nb in NOTEBOOKS for c in json.loads(nb.read_text())["cells"])
+    assert f"{code_cells} passed" in result.stdout, result.stdout[-2000:]
+
+
+def test_notebooks_are_stored_without_outputs() -> None:
+    result = launch.run([Path(launch.PYTHON).parent / "nbstripout", "--verify", "--keep-id", *NOTEBOOKS], timeout=120)
+    assert result.returncode == 0, f"notebooks with outputs (run nbstripout --keep-id on them): {result.output}"
+
+
+def test_a_failing_or_hanging_launch_fails_its_cell(tmp_path: Path) -> None:
+    """What `!cmd` would not do: a launch that fails, or runs out of time, fails the notebook."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde import lab"),
+                      nbformat.v4.new_code_cell("lab.run([sys.executable, '-c', 'import sys; sys.exit(3)'])"),
+                      nbformat.v4.new_code_cell("lab.run(['sleep', '60'], timeout=2)"),
+                      nbformat.v4.new_code_cell("print(lab.run([sys.executable, '-c', 'print(6 * 7)']))")]
+    nbformat.write(notebook, tmp_path / "launches.ipynb")
+    result = nbval(tmp_path, "launches.ipynb", timeout=300)
+    assert "2 failed, 2 passed" in result.stdout, result.stdout[-3000:]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)  # nbval colours its report
+    assert "LaunchError: exit status 3" in text and "LaunchError: stopped after 2 s" in text, text[-3000:]

@@ -129,21 +129,28 @@ class Workspace:
         folder.mkdir()
         return folder
 
-    def _env(self, trace_dir: Path) -> dict[str, str]:
+    def _env(self, trace_dir: Path, gpus: str | None = None) -> dict[str, str]:
         path = [str(STARTUP), str(PACKAGE.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        return {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
-                "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging),
-                # asking how many GPUs there are must not set up CUDA: the workers run forks
-                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        env = {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
+               "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging),
+               # asking how many GPUs there are must not set up CUDA: the workers run forks
+               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        if not self.on_gpu:  # a single GPU cannot hold a 2-process group: check on the CPU, with gloo
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
+        return env
 
     def _common(self, data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:
         return [["--widen-factor", 1], ["--batch-size", 16], ["--epochs", epochs], ["--target-accuracy", 0],
                 ["--patience", 2], ["--data-dir", data_dir], ["--master-port", port or launch.free_port()]]
 
-    def _launch(self, name: str, commands: list[list[str]], trace_dir: Path) -> tuple[list[launch.Result], bool]:
-        """Start the commands together; stop them all at a deadlock or the time limit."""
+    def _launch(self, name: str, commands: list[list[str]], trace_dir: Path,
+                gpus: list[str] | None = None) -> tuple[list[launch.Result], bool]:
+        """Start the commands together (command i sees GPUs gpus[i]); stop them all at a deadlock or the time limit."""
         started = time.monotonic()
-        procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir)) for cmd in commands]
+        procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir, gpus[i] if gpus else None))
+                 for i, cmd in enumerate(commands)]
         size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
         while any(p.poll() is None for p in procs) and time.monotonic() - started < TIME_LIMIT:
             time.sleep(0.1)
@@ -201,7 +208,8 @@ class Workspace:
     def program(self) -> Run:
         """`python script.py --num-gpus 2 ...`: the script launching its own processes."""
         folder = self._folder("program run")
-        argv = self._argv([["--num-gpus", 2]] + self._common(folder / "data", epochs=1))
+        sync_bn: Argv = [["--sync-bn", None]] if self.on_gpu else []  # the Optional step's check reads this run
+        argv = self._argv([["--num-gpus", 2]] + sync_bn + self._common(folder / "data", epochs=1))
         results, stalled = self._launch("program run", [[launch.PYTHON, str(self.script), *argv]], folder)
         return Run("program run", results, read_traces(folder), None, stalled, argv)
 
@@ -215,5 +223,6 @@ class Workspace:
             layout: Argv = [["--num-nodes", 2], ["--node-id", k], ["--num-gpus", 1]]
             argv = self._argv(layout + self._common(folder / f"node{k}-disk", epochs=1, port=port))
             commands.append([launch.PYTHON, str(self.script), *argv])
-        results, stalled = self._launch("two-node run", commands, folder)
+        # on GPUs each "node" gets a GPU of its own: NCCL refuses two ranks on one device
+        results, stalled = self._launch("two-node run", commands, folder, gpus=["0", "1"])
         return Run("two-node run", results, read_traces(folder), None, stalled, commands[0][2:])

@@ -11,20 +11,32 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told that it is on purpose.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help setup lab test run check bench data synthetic-data clean
+# nbgrader's instructor tools; learners only need the assignment list and validation.
+INSTRUCTOR_LABEXT := @jupyter/nbgrader:formgrader @jupyter/nbgrader:create-assignment @jupyter/nbgrader:course-list
+INSTRUCTOR_SERVEREXT := nbgrader.server_extensions.formgrader nbgrader.server_extensions.course_list
+EXT_LEVEL ?= sys_prefix
+SERVER_LEVEL := $(if $(filter sys_prefix,$(EXT_LEVEL)),--sys-prefix,--$(EXT_LEVEL))
+
+.PHONY: help setup lab test test-notebooks run check bench data synthetic-data release grade learner-mode instructor-mode clean
 
 help:
 	@echo "make lab             JupyterLab on the course (LAB_ARGS='--ip 0.0.0.0 --no-browser' on a remote node)"
-	@echo "make test            the whole test suite (CPU only)"
+	@echo "make test            the whole test suite, notebooks included (CPU only)"
+	@echo "make test-notebooks  only the notebooks, top to bottom with nbval (quick mode)"
 	@echo "make run             the finished solution on every GPU, or 2 CPU processes (ARGS='--epochs 3')"
 	@echo "make check STEP=4    check a step of fashion_mnist.py (STEP=all: every step; SCRIPT=path for another file)"
 	@echo "make bench           how long the checks take, against the course's targets"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
+	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (autograde/release/)"
+	@echo "make grade           instructors: autograde autograde/submitted/, feedback, autograde/grades.csv"
+	@echo "make learner-mode    switch nbgrader's instructor extensions off (make instructor-mode: on)"
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-test.txt
+	@# the course's support package (autograde) importable from any folder, notebooks included
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "ddp_lab.pth").write_text("$(CURDIR)\n")'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -34,6 +46,9 @@ lab: setup
 
 test: setup
 	$(PY) -m pytest
+
+test-notebooks: setup
+	$(PY) -m pytest tests/test_notebooks.py
 
 run: setup
 	$(PY) -m autograde.run --data-dir $(DATA_DIR) --synthetic-dir $(SYNTHETIC_DIR) -- $(ARGS)
@@ -51,6 +66,20 @@ data: setup
 
 synthetic-data: setup
 	$(PY) -m autograde.data synthetic --root $(SYNTHETIC_DIR)
+
+release: setup
+	$(PY) -m autograde.course release
+
+grade: setup
+	$(PY) -m autograde.course grade
+
+learner-mode: setup
+	for ext in $(INSTRUCTOR_LABEXT); do $(VENV)/bin/jupyter labextension disable --level=$(EXT_LEVEL) $$ext; done
+	$(VENV)/bin/jupyter server extension disable $(SERVER_LEVEL) $(INSTRUCTOR_SERVEREXT)
+
+instructor-mode: setup
+	for ext in $(INSTRUCTOR_LABEXT); do $(VENV)/bin/jupyter labextension enable --level=$(EXT_LEVEL) $$ext; done
+	$(VENV)/bin/jupyter server extension enable $(SERVER_LEVEL) $(INSTRUCTOR_SERVEREXT)
 
 clean:
 	rm -rf .pytest_cache $(SYNTHETIC_DIR)

@@ -1,0 +1,20 @@
+"""nbgrader's configuration for the DDP Lab course.
+
+nbgrader reads this file only from the folder it runs in, so run nbgrader in autograde/
+(`make release` and `make grade` do). The course's folders (source/, release/, submitted/,
+autograded/, feedback/), gradebook.db and grades.csv are kept here too, or under
+$DDP_LAB_COURSE_DIR when that is set.
+"""
+import os
+from pathlib import Path
+
+c = get_config()  # type: ignore[name-defined]  # noqa: F821 (nbgrader provides it)
+
+c.CourseDirectory.course_id = "ddp-lab"
+c.CourseDirectory.root = os.environ.get("DDP_LAB_COURSE_DIR") or str(Path(__file__).resolve().parent)
+# The learner's work is the edited fashion_mnist.py: without this, autograding silently replaces
+# it with the starter from source/ and every submission is graded as if untouched.
+c.Autograde.exclude_overwriting = {"ddp_lab": ["fashion_mnist.py"]}
+# A check cell runs the learner's script for real, several processes at a time: give it minutes.
+c.Execute.timeout = 1800
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

@@ -42,7 +42,7 @@ $(VENV)/.installed: requirements.txt requirements-test.txt
 setup: $(VENV)/.installed
 
 lab: setup
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_welcome.ipynb
 
 test: setup
 	$(PY) -m pytest
@@ -74,11 +74,11 @@ grade: setup
 	$(PY) -m autograde.course grade
 
 learner-mode: setup
-	for ext in $(INSTRUCTOR_LABEXT); do $(VENV)/bin/jupyter labextension disable --level=$(EXT_LEVEL) $$ext; done
+	$(VENV)/bin/jupyter labextension disable --level=$(EXT_LEVEL) $(INSTRUCTOR_LABEXT)
 	$(VENV)/bin/jupyter server extension disable $(SERVER_LEVEL) $(INSTRUCTOR_SERVEREXT)
 
 instructor-mode: setup
-	for ext in $(INSTRUCTOR_LABEXT); do $(VENV)/bin/jupyter labextension enable --level=$(EXT_LEVEL) $$ext; done
+	$(VENV)/bin/jupyter labextension enable --level=$(EXT_LEVEL) $(INSTRUCTOR_LABEXT)
 	$(VENV)/bin/jupyter server extension enable $(SERVER_LEVEL) $(INSTRUCTOR_SERVEREXT)
 
 clean:

@@ -1,6 +1,8 @@
 """The step checks from Python: for notebook cells and nbgrader grade cells."""
 from __future__ import annotations
 
+import glob
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +22,16 @@ def normalise(step: Step) -> str:
     return text
 
 
+def gpu_count() -> int:
+    """GPUs that PyTorch can use here. Without GPU device files there are none, and the answer
+    comes without importing torch (seconds, in every notebook kernel that checks a step)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "" or not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")):
+        return 0
+    import torch  # only for the device: the checker never imports the learner's script
+
+    return torch.cuda.device_count()
+
+
 def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None = None,
                 procs_per_node: int = 2, nodes: int = 2, fresh: bool = False) -> list[checks.Result]:
     """Check the given steps (all of them if None) of `script`; one verdict per step, in lab order.
@@ -32,8 +44,7 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
     path = checks.script_path(script)
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}: pass script='path/to/fashion_mnist.py'")
-    import torch  # only for the device: the checker never imports the learner's script
-    layout = (procs_per_node, nodes, torch.cuda.device_count() >= 2)
+    layout = (procs_per_node, nodes, gpu_count() >= 2)
     known = {} if fresh else cache.load(path, *layout)
     if any(step not in known for step in wanted):
         with Workspace(path, procs_per_node, nodes, on_gpu=layout[2]) as ws:

@@ -56,8 +56,29 @@ def test_make_run_with_the_data_set_uses_it_without_a_banner(tmp_path: Path) -> 
 def test_every_make_target_in_the_readme_is_defined_once() -> None:
     readme = (ROOT / "README.md").read_text()
     targets = sorted(set(re.findall(r"`make ([a-z-]+)", readme)))
-    assert {"lab", "test", "run", "check", "bench", "data", "synthetic-data"} <= set(targets)
+    assert {"lab", "test", "run", "check", "bench", "data", "synthetic-data", "release", "grade", "learner-mode",
+            "instructor-mode", "test-notebooks"} <= set(targets)
     for target in targets:
         dry = launch.run(["make", "-n", target], timeout=60, cwd=ROOT)
         assert dry.returncode == 0, dry.output
         assert "warning" not in dry.stderr.lower(), dry.stderr
+
+
+def test_learner_mode_switches_nbgraders_instructor_tools_off_and_instructor_mode_on(tmp_path: Path) -> None:
+    env = {"JUPYTER_CONFIG_DIR": str(tmp_path)}  # a config of its own, not this machine's
+    instructor_only = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                       "@jupyter/nbgrader:course-list"]
+
+    def disabled() -> str:
+        listing = launch.run([Path(launch.PYTHON).parent / "jupyter", "labextension", "list"], timeout=120, env=env)
+        return listing.output.partition("Disabled extensions:")[2]
+
+    learner = launch.run(["make", "--no-print-directory", "learner-mode", "EXT_LEVEL=user"], cwd=ROOT, env=env,
+                         timeout=300)
+    assert learner.returncode == 0, learner.output
+    off = disabled()
+    assert all(name in off for name in instructor_only) and "assignment-list" not in off, off
+    instructor = launch.run(["make", "--no-print-directory", "instructor-mode", "EXT_LEVEL=user"], cwd=ROOT,
+                            env=env, timeout=300)
+    assert instructor.returncode == 0, instructor.output
+    assert not any(name in disabled() for name in instructor_only)

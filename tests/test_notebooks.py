@@ -3,38 +3,20 @@ the finished solution in place of fashion_mnist.py, quick mode (tiny runs) on th
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import nbformat
 
 from autograde import launch
-from conftest import ROOT, SOLUTION
+from autograde.notebooks import learner_copy, nbval
+from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def nbval(folder: Path, *paths: Path | str, timeout: float) -> launch.Result:
-    """pytest --nbval-lax on `paths`, in `folder`, in quick mode; the kernels use this interpreter."""
-    path = os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])
-    return launch.run([launch.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=900", "-p",
-                       "no:cacheprovider", "-q", "-o", "addopts=", *paths], cwd=folder, timeout=timeout,
-                      env={"DDP_LAB_QUICK": "1", "PATH": path})
-
-
-def learner_copy(tmp_path: Path) -> Path:
-    """The course as a learner has it after the last step."""
-    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
-    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")
-    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
-    shutil.copy(SOLUTION, tmp_path / "fashion_mnist.py")
-    return tmp_path
-
-
 def test_every_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
-    course = learner_copy(tmp_path)
+    course = learner_copy(tmp_path)  # the finished solution as fashion_mnist.py
     result = nbval(course / "notebooks", *[nb.name for nb in NOTEBOOKS], timeout=1200)
     assert result.returncode == 0 and not result.timed_out, result.output[-5000:]
     code_cells = sum(c["cell_type"] == "code" for nb in NOTEBOOKS for c in json.loads(nb.read_text())["cells"])

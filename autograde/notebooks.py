@@ -1,0 +1,31 @@
+"""Running the course's notebooks the way CI does: top to bottom under nbval, in quick mode,
+in a copy of the course where the finished solution stands in for the learner's file.
+
+Used by tests/test_notebooks.py and by `make bench`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from autograde import launch
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+
+
+def learner_copy(folder: Path, script: Path = REPO / "solutions" / "fashion_mnist_solution.py") -> Path:
+    """The course in `folder` as a learner has it, with `script` as their fashion_mnist.py."""
+    for name in ("notebooks", "exercises", "solutions"):
+        shutil.copytree(REPO / name, folder / name)
+    shutil.copy(script, folder / "fashion_mnist.py")
+    return folder
+
+
+def nbval(folder: Path, *paths: Path | str, timeout: float, env: dict[str, str] | None = None) -> launch.Result:
+    """`pytest --nbval-lax` on `paths` in `folder`, in quick mode; the kernels use this interpreter."""
+    path = os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])
+    return launch.run([launch.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=900", "-p",
+                       "no:cacheprovider", "-q", "-o", "addopts=", *paths], cwd=folder, timeout=timeout,
+                      env={"DDP_LAB_QUICK": "1", "PATH": path, **(env or {})})

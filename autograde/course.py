@@ -37,16 +37,12 @@ def root() -> Path:
 
 
 def nbgrader(*args: str) -> str:
-    """Run an nbgrader command in autograde/ (where its config is); raise LaunchError when it fails."""
-    os.environ.setdefault("DDP_LAB_COURSE_DIR", str(root()))
-    cwd = Path.cwd()
-    os.chdir(PACKAGE)
-    try:
-        # nbgrader starts `alembic` and kernels by name: this interpreter's bin/ must come first
-        path = os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])
-        return run([launch.PYTHON, "-m", "nbgrader", *args, "--log-level=WARN"], env={"PATH": path})
-    finally:
-        os.chdir(cwd)
+    """Run an nbgrader command in autograde/ (where its config is); raise LaunchError when it fails.
+
+    Its notebooks run in quick mode unless DDP_LAB_QUICK says otherwise.
+    """
+    env = {"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1")}
+    return run([launch.PYTHON, "-m", "nbgrader", *args, "--log-level=WARN"], cwd=PACKAGE, env=env)
 
 
 def build_source(repo: Path = REPO) -> Path:
@@ -87,7 +83,6 @@ def grade() -> Path:
                           f"(`nbgrader collect {ASSIGNMENT}` does on a hub)")
     if not (root() / "source" / ASSIGNMENT).is_dir():
         raise LaunchError("no source assignment: run `make release` first")
-    os.environ.setdefault("DDP_LAB_QUICK", "1")
     # Only the step notebooks hold grade cells; running the others (training runs, plots) adds
     # minutes per learner and no points.
     nbgrader("autograde", ASSIGNMENT, f"--notebook={GRADED}", "--force")

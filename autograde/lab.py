@@ -116,12 +116,10 @@ def training_args(**overrides: object) -> list[str]:
     (--widen-factor 1) for 3 epochs. Quick mode: that, for 2 epochs on the small stand-in.
     `overrides` replace or add options: training_args(epochs=5, batch_size=64).
     """
-    import torch
-
     options: dict[str, object] = {"data_dir": data_dir()[0]}
     if QUICK:
         options.update(widen_factor=1, epochs=2, batch_size=32)
-    elif not torch.cuda.is_available():
+    elif api.gpu_count() == 0:
         options.update(widen_factor=1, epochs=3)
     options.update(overrides)
     argv: list[str] = []
@@ -131,7 +129,7 @@ def training_args(**overrides: object) -> list[str]:
 
 
 def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool = True,
-        env: dict[str, str] | None = None) -> str:
+        env: dict[str, str] | None = None, cwd: str | Path | None = None) -> str:
     """Run `command`, print its output as it comes, and return it; raise LaunchError when it fails.
 
     The command gets its own process group, which is killed at the end, at the time limit or
@@ -139,7 +137,7 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
     """
     limit = timeout if timeout is not None else (600.0 if QUICK else 24 * 3600.0)
     cmd = [str(c) for c in command]
-    proc = subprocess.Popen(cmd, env=launch.child_env(env), text=True, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, env=launch.child_env(env), cwd=cwd, text=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()

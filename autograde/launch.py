@@ -48,6 +48,8 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment, set up for launching training processes on few cores."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # tools started by name (nbgrader's alembic, Jupyter kernels) come from this interpreter's environment
+    env["PATH"] = os.pathsep.join([str(Path(PYTHON).parent), os.environ.get("PATH", "")])
     env.update(extra or {})
     return env
 

@@ -5,7 +5,6 @@ Used by tests/test_notebooks.py and by `make bench`.
 """
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -25,7 +24,6 @@ def learner_copy(folder: Path, script: Path = REPO / "solutions" / "fashion_mnis
 
 def nbval(folder: Path, *paths: Path | str, timeout: float, env: dict[str, str] | None = None) -> launch.Result:
     """`pytest --nbval-lax` on `paths` in `folder`, in quick mode; the kernels use this interpreter."""
-    path = os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])
     return launch.run([launch.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=900", "-p",
                        "no:cacheprovider", "-q", "-o", "addopts=", *paths], cwd=folder, timeout=timeout,
-                      env={"DDP_LAB_QUICK": "1", "PATH": path, **(env or {})})
+                      env={"DDP_LAB_QUICK": "1", **(env or {})})

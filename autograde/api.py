@@ -2,14 +2,43 @@
 from __future__ import annotations
 
 import glob
+import html
 import os
+import sys
+import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from autograde import cache, checks
 from autograde.runs import Workspace
 
 Step = str | int | float
+FRESH = "DDP_LAB_FRESH"  # set to 1: every check runs the script again (for graders and notebooks alike)
+
+
+class CheckFailed(AssertionError):
+    """A step's verdict that fails the cell: the step, what was observed and the hint.
+
+    In a notebook (and in nbgrader's feedback) it shows as those lines alone: the checker's own
+    frames and paths say nothing to a learner. It is an AssertionError, so grading fails the cell.
+    """
+
+    def __init__(self, result: checks.Result) -> None:
+        self.result = result
+        super().__init__(f"Step {result.step}: {result.observed}" + (f". Hint: {result.hint}" if result.hint else ""))
+
+    def lines(self, width: int = 100) -> list[str]:
+        """The verdict as short lines: the step and its status, what was seen, where to look."""
+        r = self.result
+        body = [f"Step {r.step} {r.status}"]
+        body += textwrap.wrap(r.observed, width, initial_indent="  observed: ", subsequent_indent=" " * 12)
+        if r.hint:
+            body += textwrap.wrap(r.hint, width, initial_indent="  hint: ", subsequent_indent=" " * 8)
+        return body
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of a traceback
+        first, *rest = self.lines()
+        return [f"\x1b[1;31m{first}\x1b[0m", *rest]
 
 
 def normalise(step: Step) -> str:
@@ -32,56 +61,129 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def _in_notebook() -> bool:
+    return "ipykernel" in sys.modules
+
+
+def _say(text: str) -> None:
+    """Progress while runs are made: in the cell's output in a notebook, on stderr elsewhere
+    (so that `check --json` prints JSON alone on stdout)."""
+    print(text, file=sys.stdout if _in_notebook() else sys.stderr, flush=True)
+
+
+def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, on_gpu: bool,
+           say: Callable[[str], None] | None) -> tuple[dict[str, checks.Result], dict[str, str]]:
+    """One set of runs: the verdicts on `wanted` and on every step those runs also answer, and
+    the runs that ended for a reason outside the script (by name, with the reason)."""
+    known: dict[str, checks.Result] = {}
+    with Workspace(path, procs_per_node, nodes, on_gpu=on_gpu, say=say) as ws:
+        for step in wanted:
+            known[step] = checks.check(ws, step)
+        for step in checks.answered_by(set(ws.made())):
+            if step not in known:
+                known[step] = checks.check(ws, step)
+        outside = {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
+                   if (cause := run.outside_cause()) is not None}
+    return known, outside
+
+
+def _checker_error(result: checks.Result, runs: dict[str, str]) -> checks.Result:
+    """A failing verdict that a run outside the script's control produced twice: the checker's problem."""
+    causes = "; ".join(runs.values())
+    return checks.Result(result.step, False, f"the checker could not judge this step: {causes}, twice. This is "
+                         "the checker's problem, not your script's",
+                         "run the check again with fresh=True (or --fresh); if it happens again, please report "
+                         "it to the course's maintainers with this message", checker_error=True)
+
+
 def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None = None,
-                procs_per_node: int = 2, nodes: int = 2, fresh: bool = False) -> list[checks.Result]:
+                procs_per_node: int = 2, nodes: int = 2, fresh: bool = False,
+                quiet: bool = False) -> list[checks.Result]:
     """Check the given steps (all of them if None) of `script`; one verdict per step, in lab order.
 
     Verdicts already known for this exact file and layout are reused (see autograde/cache.py),
-    unless `fresh`; the runs made for the steps asked also answer, and keep, every other step
-    that reads only those runs.
+    unless `fresh` (or $DDP_LAB_FRESH=1); the runs made for the steps asked also answer, and keep,
+    every other step that reads only those runs. A run that ends for a reason outside the script
+    (a signal nobody in it sent, the time limit, a port taken by another program) is made again
+    once; a step it fails twice gets an ERROR verdict that blames the checker, and is not kept.
     """
     wanted = [s for s in checks.STEPS if s in ({normalise(s) for s in steps} if steps else set(checks.STEPS))]
     path = checks.script_path(script)
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}: pass script='path/to/fashion_mnist.py'")
-    layout = (procs_per_node, nodes, gpu_count() >= 2)
-    known = {} if fresh else cache.load(path, *layout)
-    if any(step not in known for step in wanted):
-        with Workspace(path, procs_per_node, nodes, on_gpu=layout[2]) as ws:
-            for step in wanted:
-                known[step] = checks.check(ws, step)
-            for step in checks.answered_by(set(ws.made())):
-                if step not in known:
-                    known[step] = checks.check(ws, step)
-            if not ws.ran_out_of_time:
-                cache.save(path, *layout, known)
-    return [known[step] for step in wanted]
+    fresh = fresh or os.environ.get(FRESH, "") not in ("", "0")
+    on_gpu = gpu_count() >= 2
+    known = {} if fresh else cache.load(path, procs_per_node, nodes, on_gpu)
+    if all(step in known for step in wanted):
+        return [known[step] for step in wanted]
+    say = None if quiet else _say
+    verdicts, outside = _judge(path, wanted, procs_per_node, nodes, on_gpu, say)
+    if outside:
+        if say:
+            say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
+        verdicts, outside = _judge(path, wanted, procs_per_node, nodes, on_gpu, say)
+    for step, result in verdicts.items():
+        affected = {name: cause for name, cause in outside.items() if name in checks.RUNS.get(step, [])}
+        if affected and result.passed is False:
+            verdicts[step] = _checker_error(result, affected)
+    kept = {step: r for step, r in verdicts.items() if not set(checks.RUNS.get(step, [])) & set(outside)}
+    cache.save(path, procs_per_node, nodes, on_gpu, {**known, **kept})
+    return [verdicts[step] for step in wanted]
 
 
 def assert_step(step: Step, script: str | Path | None = None, procs_per_node: int = 2,
-                nodes: int = 2) -> None:
-    """Print the verdict on `step`; raise AssertionError with what is wrong unless it passes (or
-    cannot apply here). For check cells and grade cells, which must show no return value.
+                nodes: int = 2, fresh: bool = False) -> None:
+    """Print the verdict on `step`; raise CheckFailed (an AssertionError) with what is wrong unless
+    it passes (or cannot apply here). For check cells and grade cells, which must show no return value.
 
-    `procs_per_node` and `nodes` choose the simulated layout of Steps 3-9 (default 2 x 2).
+    `procs_per_node` and `nodes` choose the simulated layout of Steps 3-9 (default 2 x 2);
+    `fresh=True` runs the script again even if its verdict is known.
     """
-    (result,) = check_steps([step], script, procs_per_node, nodes)
+    (result,) = check_steps([step], script, procs_per_node, nodes, fresh=fresh)
     if result.passed is False:
-        raise AssertionError(f"Step {result.step}: {result.observed}" + (f". Hint: {result.hint}" if result.hint else ""))
+        raise CheckFailed(result)
     print(f"Step {result.step}: {result.status}: {result.observed}")
 
 
 def report(results: Sequence[checks.Result]) -> str:
     """The verdicts as the command line prints them: a line per step, a hint under a failure."""
-    return "\n".join(f"Step {r.step:<8} {r.status:<4}  {r.observed}" + (f"\n{'':15}hint: {r.hint}" if r.hint else "")
+    return "\n".join(f"Step {r.step:<8} {r.status:<5} {r.observed}" + (f"\n{'':15}hint: {r.hint}" if r.hint else "")
                      for r in results)
 
 
-def progress(script: str | Path | None = None) -> list[checks.Result]:
-    """Print every step's verdict at once, and how many of the graded steps pass."""
-    results = check_steps(None, script)
+def summary(results: Sequence[checks.Result]) -> str:
+    """How many graded steps pass, and which to do next."""
     graded = [r for r in results if r.step != "optional"]
-    print(report(results))
-    print(f"\n{sum(r.passed is True for r in graded)} of {len(graded)} steps pass"
-          + ("" if all(r.passed for r in graded) else f"; next: Step {next(r.step for r in graded if not r.passed)}"))
+    first = next((r for r in graded if not r.passed), None)
+    return (f"{sum(r.passed is True for r in graded)} of {len(graded)} steps pass"
+            + ("" if first is None else f"; next: Step {first.step}"))
+
+
+def progress_table(results: Sequence[checks.Result]) -> str:
+    """The verdicts as a compact HTML table: a row per step; a step that waits on an earlier one
+    says so instead of repeating its hint; the next step's hint once, under the table."""
+    colours = {"pass": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700", "n/a": "#6e7781"}
+    rows = []
+    for r in results:
+        seen = f"needs Step {r.earlier} first" if r.earlier else r.observed
+        rows.append(f"<tr><td style='text-align:left'>Step {html.escape(r.step)}</td>"
+                    f"<td style='text-align:left;color:{colours[r.status]};font-weight:bold'>{r.status}</td>"
+                    f"<td style='text-align:left'>{html.escape(seen)}</td></tr>")
+    first = next((r for r in results if r.step != "optional" and not r.passed), None)
+    hint = f"<p><b>Hint for Step {html.escape(first.step)}:</b> {html.escape(first.hint)}</p>" if first and first.hint else ""
+    return (f"<table class='ddp-lab-progress'><thead><tr><th>step</th><th>verdict</th><th>what the checker saw"
+            f"</th></tr></thead><tbody>{''.join(rows)}</tbody></table><p><b>{html.escape(summary(results))}</b></p>{hint}")
+
+
+def progress(script: str | Path | None = None, fresh: bool = False) -> list[checks.Result]:
+    """Show every step's verdict at once, and how many of the graded steps pass: a table in a
+    notebook, plain lines elsewhere."""
+    results = check_steps(None, script, fresh=fresh)
+    if _in_notebook():
+        from IPython.display import HTML, display
+
+        display(HTML(progress_table(results)))
+    else:
+        print(report(results))
+        print("\n" + summary(results))
     return results

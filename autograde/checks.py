@@ -26,10 +26,12 @@ class Result:
     passed: bool | None
     observed: str
     hint: str | None = None
+    earlier: str | None = None  # an earlier step that fails too: fix that one first
+    checker_error: bool = False  # the checker, not the script, is at fault: never kept, never blamed on the learner
 
     @property
     def status(self) -> str:
-        return {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
+        return "ERROR" if self.checker_error else {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
 
 
 class Failed(Exception):
@@ -520,7 +522,7 @@ def check(ws: Workspace, step: str) -> Result:
         earlier = _first_failing_before(ws, step)
         if earlier is not None:
             return Result(step, False, f"{_with_problems(ws, step, failure.observed)} (Step {earlier.step} is not "
-                          f"right yet either: {earlier.observed})", earlier.hint)
+                          f"right yet either: {earlier.observed})", earlier.hint, earlier=earlier.step)
         return Result(step, False, _with_problems(ws, step, failure.observed), failure.hint)
     if observed is None:
         return Result(step, None, "not applicable here: SyncBatchNorm needs GPUs and this machine has none")

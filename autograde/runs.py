@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autograde import data, launch
 from autograde.traces import ProcessTrace, read as read_traces, where
@@ -59,6 +60,24 @@ class Run:
         """The traces of the processes that joined a process group, by global rank."""
         return {t.rank: t for t in self.traces.values() if t.rank is not None}
 
+    def outside_cause(self) -> str | None:
+        """Why this run ended for a reason outside the learner's code, if it did: a process killed
+        by a signal that the checker did not send, the time limit (a busy machine), or a port that
+        someone else took. Such a run says nothing about the script and is made again."""
+        if self.stalled or any(t.named("crash") for t in self.traces.values()):
+            return None  # a deadlock the checker stopped, or an error in the script: the script's own
+        if any(r.timed_out for r in self.results):
+            return f"it ran out of time ({TIME_LIMIT:.0f} s; the machine may be busy)"
+        for r in self.results:
+            if r.returncode is not None and r.returncode < 0:
+                return f"a process was killed by signal {signal_name(-r.returncode)}"
+        for t in self.traces.values():
+            for e in t.named("child_signal"):
+                return f"a process that mp.spawn started was killed by signal {e['signal']}"
+        if any(text in self.output.lower() for text in ("address already in use", "eaddrinuse")):
+            return "a port it was given was taken by another program"
+        return None
+
     def problem(self) -> str | None:
         """One sentence on what went wrong in this run, or None."""
         if self.stalled or any(r.timed_out for r in self.results):
@@ -76,6 +95,13 @@ class Run:
         return None
 
 
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
 def short(text: str, limit: int = 300) -> str:
     """The part of an error output that matters: its last line, or a one-line 'error: ...'."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
@@ -89,7 +115,9 @@ def short(text: str, limit: int = 300) -> str:
 class Workspace:
     """A temporary folder with stand-in data, and the runs of one script in it (each made once)."""
 
-    def __init__(self, script: Path, procs_per_node: int = 2, nodes: int = 2, on_gpu: bool = False) -> None:
+    def __init__(self, script: Path, procs_per_node: int = 2, nodes: int = 2, on_gpu: bool = False,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.say = say  # told when a run starts and ends: runs take seconds, and a silent cell looks stuck
         self.script = Path(script).resolve()
         self.procs_per_node = procs_per_node
         self.nodes = nodes
@@ -149,6 +177,8 @@ class Workspace:
                 gpus: list[str] | None = None) -> tuple[list[launch.Result], bool]:
         """Start the commands together (command i sees GPUs gpus[i]); stop them all at a deadlock or the time limit."""
         started = time.monotonic()
+        if self.say:
+            self.say(f"running the {name}: {self._describe(name, len(commands))} ...")
         procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir, gpus[i] if gpus else None))
                  for i, cmd in enumerate(commands)]
         size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
@@ -169,7 +199,17 @@ class Workspace:
         if stalled:
             for p in procs:
                 launch.kill_group(p.pid)
-        return [launch.finish(p, TIME_LIMIT, started) for p in procs], stalled
+        results = [launch.finish(p, TIME_LIMIT, started) for p in procs]
+        if self.say:
+            self.say(f"  the {name} ended after {time.monotonic() - started:.0f} s")
+        return results, stalled
+
+    def _describe(self, name: str, commands: int) -> str:
+        if name == "workers run":
+            return f"worker() in {self.world_size} processes ({self.nodes} simulated nodes x {self.procs_per_node})"
+        if name == "setup run":
+            return "the start-up code, as node 2 of 3"
+        return f"{commands} command{'s' if commands > 1 else ''} started together" if commands > 1 else "the script as a program"
 
     def _harness(self, name: str, mode: str, **options: Any) -> Run:
         folder = self._folder(name)

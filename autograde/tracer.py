@@ -166,7 +166,12 @@ def _patch_spawn() -> None:
                 caller = sys._getframe(1)
                 emit("spawn", call=name, nprocs=nprocs, fn=getattr(fn, "__name__", repr(fn)),
                      caller_module=caller.f_globals.get("__name__"))
-                return original(fn, args, nprocs, *rest, **kwargs)
+                try:
+                    return original(fn, args, nprocs, *rest, **kwargs)
+                except mp.ProcessExitedException as err:
+                    if err.exit_code is not None and err.exit_code < 0:  # killed by a signal, not an error exit
+                        emit("child_signal", index=err.error_index, signal=err.signal_name or str(-err.exit_code))
+                    raise
             return wrapper
 
         setattr(mp, name, make(original, name))

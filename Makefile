@@ -26,6 +26,7 @@ help:
 	@echo "make run             the finished solution on every GPU, or 2 CPU processes (ARGS='--epochs 3')"
 	@echo "make check STEP=4    check a step of fashion_mnist.py (STEP=all: every step; SCRIPT=path for another file)"
 	@echo "make bench           how long the checks take, against the course's targets"
+	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (autograde/release/)"
@@ -60,6 +61,13 @@ check: setup
 
 bench: setup
 	$(PY) -m autograde.bench
+
+# On a GPU node: prove the GPU path (training on every GPU and on one, the checker, notebooks with
+# quick mode off) and write docs/gpu-report.md. Says so in one line where there is no GPU.
+# `make gpu-check PY=python3` uses an interpreter that already has torch, without creating .venv.
+.PHONY: gpu-check
+gpu-check: $(if $(findstring $(VENV)/,$(PY)),setup)
+	$(PY) -m autograde.gpu_check $(GPU_CHECK_ARGS)
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)

@@ -86,3 +86,10 @@ MISTAKES = [
                                                 'KeyboardInterrupt:\n        sys.exit("interrupted")\n',
                                                 'main()\n'),), "re-import"),
 ]
+
+# Mistakes that only a run on GPUs can show (the checker's GPU mode, 2 GPUs or more): `make gpu-check` runs them.
+GPU_MISTAKES = [
+    Mistake("device_not_pinned", "4", (("    rank = args.node_id * args.num_gpus + local_rank\n"
+                                        "    if torch.cuda.is_available():\n        torch.cuda.set_device(local_rank)\n",
+                                        "    rank = args.node_id * args.num_gpus + local_rank\n"),), "set_device"),
+]

@@ -275,7 +275,7 @@ def main():
     try:
         mp.spawn(worker, args=(args,), nprocs=args.num_gpus)
     except mp.ProcessExitedException as err:  # one process failed; mp.spawn has stopped the others
-        sys.exit(err.exit_code if err.exit_code > 0 else f"error: process {err.error_index} was killed")
+        sys.exit(err.exit_code if err.exit_code > 0 else f"error: process {err.error_index} was killed ({err.signal_name})")
 
 
 if __name__ == "__main__":

@@ -127,3 +127,47 @@ def test_verdicts_are_reused_for_the_same_file_and_redone_after_an_edit(tmp_path
     assert cache.load(script, 2, 2, on_gpu) == {}  # another file: nothing known yet
     (step_0,) = api.check_steps(["0"], script)
     assert step_0.passed is False
+
+
+def test_a_failing_verdict_renders_without_the_checkers_frames() -> None:
+    failure = api.CheckFailed(checks.Result("6.5", False, "rank 0's training sampler had epoch 0 in every epoch",
+                                            "see `# TODO Step 6.5`: call train_sampler.set_epoch(epoch)"))
+    shown = "\n".join(failure._render_traceback_())  # what IPython (and nbgrader's feedback) shows
+    assert "Step 6.5 FAIL" in shown and "epoch 0 in every epoch" in shown and "hint: see `# TODO Step 6.5`" in shown
+    assert "Traceback" not in shown and "autograde" not in shown and str(ROOT) not in shown
+    assert isinstance(failure, AssertionError)  # grading fails the cell
+
+
+def test_the_progress_table_names_the_next_step_and_its_hint_once() -> None:
+    results = [checks.Result("0", True, "imports torch.distributed"),
+               checks.Result("1", False, "the script has no --num-nodes option", "see `# TODO Step 1`: add it"),
+               checks.Result("2", False, "MASTER_ADDR is not set (Step 1 is not right yet either: ...)",
+                             "see `# TODO Step 1`: add it", earlier="1")]
+    table = api.progress_table(results)
+    assert table.count("<tr>") == 4 and "needs Step 1 first" in table and "is not right yet" not in table
+    assert table.count("see `# TODO Step 1`") == 1 and "1 of 3 steps pass; next: Step 1" in table
+
+
+KILL_SWITCH = '''
+if os.environ.get("KILL_COUNTER"):  # stands in for a process killed from outside, as many times as asked
+    _counter = __import__("pathlib").Path(os.environ["KILL_COUNTER"])
+    if int(_counter.read_text()) > 0 and __name__ == "__mp_main__":
+        _counter.write_text(str(int(_counter.read_text()) - 1))
+        os.kill(os.getpid(), __import__("signal").SIGKILL)
+'''
+
+
+def test_a_run_killed_from_outside_is_made_again_then_blamed_on_the_checker(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "fashion_mnist.py"
+    script.write_text(SOLUTION.read_text().replace("\ndef main():", KILL_SWITCH + "\n\ndef main():", 1))
+    counter = tmp_path / "kills"
+    monkeypatch.setenv("KILL_COUNTER", str(counter))
+    counter.write_text("1")  # the first attempt is killed, the second is not: a pass, and kept
+    (verdict,) = api.check_steps(["10"], script)
+    assert verdict.passed is True, verdict.observed
+    counter.write_text("99")  # killed every time: the checker's error, never the learner's FAIL, never kept
+    (verdict,) = api.check_steps(["10"], script, fresh=True)
+    assert verdict.status == "ERROR" and verdict.checker_error, verdict.observed
+    assert "SIGKILL" in verdict.observed and "checker's problem, not your script's" in verdict.observed
+    assert "10" not in cache.load(script, 2, 2, api.gpu_count() >= 2)

@@ -14,7 +14,7 @@ will use, an instructor runs it once before the course. It:
 Where something cannot run on this machine (the checker's GPU mode needs 2 GPUs) the report
 says `n/a` and why. Without GPUs it says so in one line and exits 0.
 
-    python -m autograde.gpu_check [--report docs/gpu-report.md] [--data-dir DIR] [--skip-notebooks]
+    python -m autograde.gpu_check [--report docs/gpu-report.md] [--data-dir DIR] [--parts training checks notebooks]
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ SOLUTION = REPO / "solutions" / "fashion_mnist_solution.py"
 NOTEBOOKS = ["02_baseline.ipynb", "06_step_7_ddp.ipynb", "09_evaluation.ipynb"]
 MISTAKES = ["rank_is_local_rank", "device_not_pinned", "no_set_epoch"]  # names in tests/mistakes.py
 TRAIN_LIMIT = 1800.0
+PARTS = ["training", "checks", "notebooks"]
 
 
 @dataclass
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "gpu-report.md", help="where the report goes")
     parser.add_argument("--data-dir", type=Path, default=REPO / "data",
                         help="real Fashion-MNIST here is used; otherwise a full-size stand-in in <data-dir>/synthetic")
-    parser.add_argument("--skip-notebooks", action="store_true", help="leave out the notebooks (the longest part)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS,
+                        help="what to run (default: all of it; the notebooks take longest)")
     args = parser.parse_args(argv)
     gpus = api.gpu_count()
     if gpus == 0:
@@ -190,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         if not data.has_data(data_dir):
             data.write_synthetic(data_dir)
     report.add(f"- data: {what}, in {data_dir}")
-    training(report, gpus, data_dir)
-    checks(report, gpus)
-    if args.skip_notebooks:
-        report.add("\n(notebooks left out: --skip-notebooks)")
-    else:
-        notebooks(report)
+    parts = {"training": lambda: training(report, gpus, data_dir), "checks": lambda: checks(report, gpus),
+             "notebooks": lambda: notebooks(report)}
+    for name in PARTS:
+        if name in args.parts:
+            parts[name]()
+        else:
+            report.add(f"\n({name}: left out by --parts)")
     verdict = f"FAILED: {', '.join(report.failures)}" if report.failures else "everything that can run here passed"
     report.add(f"\n**{verdict}**")
     args.report.parent.mkdir(parents=True, exist_ok=True)

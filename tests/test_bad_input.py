@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autograde import launch
-from conftest import QUICK, SOLUTION, STARTER, assert_clean_error, probe_env
+from conftest import QUICK, ROOT, SOLUTION, STARTER, assert_clean_error, probe_env
 
 # Stands in for "no network": urllib sends every download to a port where nothing listens.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
@@ -58,3 +58,11 @@ def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
     result = solution("--num-gpus", "2", "--data-dir", blocker / "data", *QUICK,
                       "--master-port", str(launch.free_port()), env=OFFLINE)
     assert_clean_error(result, "no Fashion-MNIST", "a_file")
+
+
+def test_gpu_check_says_no_gpu_in_one_line_where_there_is_none() -> None:
+    result = launch.run(["make", "--no-print-directory", "-s", "gpu-check"], timeout=300, cwd=ROOT,
+                        env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.output
+    (line,) = result.stdout.strip().splitlines()
+    assert line.startswith("make gpu-check: no GPU on this machine") and not result.stderr, result.output

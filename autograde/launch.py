@@ -56,10 +56,18 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def start(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
           env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
-    """Start `cmd` in a new session (its own process group), output captured as text."""
+    """Start `cmd` in a new session (its own process group), output captured as text.
+
+    The command gets Ctrl-C's default disposition whatever this process inherited: started from
+    a background job (`nohup make test &`), SIGINT would be ignored, and Python would then never
+    raise KeyboardInterrupt in the script."""
     return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=child_env(env), text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _processes() -> list[tuple[str, int, float]]:

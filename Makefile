@@ -30,7 +30,8 @@ help:
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (autograde/release/)"
-	@echo "make grade           instructors: autograde autograde/submitted/, feedback, autograde/grades.csv"
+	@echo "make grade           instructors: autograde autograde/submitted/, feedback, autograde/grades.csv, scores"
+	@echo "make release-exchange / collect / return-feedback   instructors: through nbgrader's exchange (EXCHANGE=dir)"
 	@echo "make learner-mode    switch nbgrader's instructor extensions off (make instructor-mode: on)"
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
@@ -75,11 +76,30 @@ data: setup
 synthetic-data: setup
 	$(PY) -m autograde.data synthetic --root $(SYNTHETIC_DIR)
 
+# The nbgrader course (README, Instructors). FROM: the commit to release (default HEAD; FROM=files: the
+# files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course.py:
+# /usr/local/share/nbgrader/exchange). NBGRADER_ARGS: more options for nbgrader's exchange commands.
+FROM ?=
+EXCHANGE ?=
+NBGRADER_ARGS ?=
+COURSE := $(PY) -m autograde.course
+EXCHANGE_OPT = $(if $(EXCHANGE),--exchange "$(EXCHANGE)") -- $(NBGRADER_ARGS)
+
 release: setup
-	$(PY) -m autograde.course release
+	$(COURSE) release $(if $(FROM),--from "$(FROM)")
 
 grade: setup
-	$(PY) -m autograde.course grade
+	$(COURSE) grade
+
+.PHONY: release-exchange collect return-feedback
+release-exchange: setup
+	$(COURSE) release-exchange $(EXCHANGE_OPT)
+
+collect: setup
+	$(COURSE) collect $(EXCHANGE_OPT)
+
+return-feedback: setup
+	$(COURSE) return-feedback $(EXCHANGE_OPT)
 
 learner-mode: setup
 	$(VENV)/bin/jupyter labextension disable --level=$(EXT_LEVEL) $(INSTRUCTOR_LABEXT)

@@ -1,9 +1,13 @@
-"""The nbgrader course end to end, with the real nbgrader command line (`make release`,
-`make grade`): three submissions are graded and their scores read back from the export."""
+"""The nbgrader course without the exchange (tests/test_exchange.py goes through it, grading the
+finished solution and the starter): the grade cells and their points, the hidden tests kept in
+autograde/course.py and added only to the source assignment, releases built from a commit,
+`make grade`'s log, and a submission copied straight into submitted/ (files handed in on a
+learning platform): a script done through Step 5 gets Steps 0-5's points."""
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,10 +15,10 @@ from nbgrader.validator import Validator
 from traitlets.config import Config
 
 from autograde import course, launch
-from conftest import ROOT, SOLUTION, STARTER, snapshot
+from conftest import ROOT, STARTER, snapshot
 
 POINTS = {"0": 1, "1": 1, "2": 1, "3": 1, "4": 2, "5": 2, "6": 2, "6.5": 1, "7": 2, "8": 2, "9": 2, "10": 3}
-SUBMISSIONS = {"finished": SOLUTION, "through_step_5": snapshot(5), "untouched": STARTER}
+STUDENT, SCRIPT = "through_step_5", snapshot(5)
 
 
 def make(target: str, course_dir: Path, timeout: float) -> launch.Result:
@@ -26,65 +30,78 @@ def make(target: str, course_dir: Path, timeout: float) -> launch.Result:
 
 @pytest.fixture(scope="module")
 def course_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A course released from notebooks/, with the three submissions handed in and graded."""
+    """A course released from the committed notebooks, one submission copied in and graded."""
     root = tmp_path_factory.mktemp("course")
     make("release", root, timeout=300)
-    for student, script in SUBMISSIONS.items():
-        folder = root / "submitted" / student / course.ASSIGNMENT
-        shutil.copytree(root / "release" / course.ASSIGNMENT, folder)
-        shutil.copy(script, folder / "fashion_mnist.py")
+    folder = root / "submitted" / STUDENT / course.ASSIGNMENT
+    shutil.copytree(root / "release" / course.ASSIGNMENT, folder)
+    shutil.copy(SCRIPT, folder / "fashion_mnist.py")
     make("grade", root, timeout=1800)
     return root
 
 
-def grade_cells(notebook: Path) -> list[dict]:
+def cells(notebook: Path) -> list[dict]:
     return [c for c in json.loads(notebook.read_text())["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
+
+
+def grade_cells(folder: Path) -> dict[str, str]:
+    """grade_id -> source of every grade cell in the notebooks of `folder`."""
+    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"])
+            for nb in sorted(folder.glob("*.ipynb")) for c in cells(nb)}
 
 
 def test_every_graded_step_has_one_grade_cell_with_its_points() -> None:
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     # grading runs the notebooks that match course.GRADED: exactly those with grade cells
-    assert [nb for nb in notebooks if grade_cells(nb)] == sorted((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb"))
-    cells = [c for nb in notebooks for c in grade_cells(nb)]
-    points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in cells}
-    assert points == {f"step_{s.replace('.', '_')}": p for s, p in POINTS.items()}
-    assert all("BEGIN HIDDEN TESTS" in "".join(c["source"]) for c in cells
-               if c["metadata"]["nbgrader"]["grade_id"] in {"step_4", "step_5", "step_6", "step_8", "step_9"})
+    assert [nb for nb in notebooks if cells(nb)] == sorted((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb"))
+    found = [c for nb in notebooks for c in cells(nb)]
+    points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in found}
+    assert points == {course.grade_id(s): p for s, p in POINTS.items()}
 
 
-def test_scores_from_the_export(course_dir: Path) -> None:
-    scores = course.grades(course_dir / "grades.csv")
-    through_5 = sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))
-    assert scores == {"finished": sum(POINTS.values()), "through_step_5": through_5, "untouched": 0}
+def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
+    for grade_id, source in grade_cells(ROOT / "notebooks").items():
+        step = course.step_of(grade_id)
+        assert "HIDDEN TESTS" not in source and "procs_per_node" not in source, grade_id
+        argument = step if step.isdigit() else f'"{step}"'
+        assert source.splitlines()[-1] == f"autograde.assert_step({argument})"
 
 
-def test_the_student_version_has_no_hidden_tests_and_no_solutions(course_dir: Path) -> None:
+def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -> None:
+    source = grade_cells(course_dir / "source" / course.ASSIGNMENT)
+    for step in POINTS:
+        cell = source[course.grade_id(step)]
+        if step in course.HIDDEN_TESTS:
+            assert cell.endswith("\n" + course.hidden_test_block(step))
+        else:
+            assert "HIDDEN TESTS" not in cell
+    assert "autograde.assert_step(5, procs_per_node=1, nodes=3)" in source["step_5"]
+    assert "autograde.assert_step(4, procs_per_node=3, nodes=1)" in source["step_4"]
+    released = grade_cells(course_dir / "release" / course.ASSIGNMENT)
+    assert released == grade_cells(ROOT / "notebooks")  # the student version: what learners ran
+
+
+def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
     released = course_dir / "release" / course.ASSIGNMENT
-    notebooks = sorted(released.glob("*.ipynb"))
-    assert [nb.name for nb in notebooks] == sorted(nb.name for nb in (ROOT / "notebooks").glob("*.ipynb"))
-    assert not any("HIDDEN TESTS" in nb.read_text() or "procs_per_node=3" in nb.read_text() for nb in notebooks)
-    assert (released / "fashion_mnist.py").read_text() == STARTER.read_text()
+    assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob("*.ipynb"))
     assert not (released / "solutions").exists()
 
 
-def test_each_learners_own_script_is_graded(course_dir: Path) -> None:
-    for student, script in SUBMISSIONS.items():
-        graded = course_dir / "autograded" / student / course.ASSIGNMENT / "fashion_mnist.py"
-        assert graded.read_text() == script.read_text(), f"{student}'s script was replaced"
+def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path) -> None:
+    assert course.grades(course_dir / "grades.csv") == {STUDENT: sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))}
+    (outcome,) = course.outcomes()
+    assert outcome.lost == ["6", "6.5", "7", "8", "9", "10"]
+    graded = course_dir / "autograded" / STUDENT / course.ASSIGNMENT / "fashion_mnist.py"
+    assert graded.read_text() == SCRIPT.read_text(), "the learner's script was replaced"
+    feedback = list((course_dir / "feedback" / STUDENT / course.ASSIGNMENT).glob("*.html"))
+    assert len(feedback) == len(list((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb")))
 
 
-def test_feedback_says_what_is_wrong(course_dir: Path) -> None:
-    for student in SUBMISSIONS:
-        assert len(list((course_dir / "feedback" / student / course.ASSIGNMENT).glob("*.html"))) == len(
-            list((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb")))
-    feedback = "".join(p.read_text() for p in (course_dir / "feedback" / "untouched" / course.ASSIGNMENT).glob("*.html"))
-    assert "the script does not import torch.distributed" in feedback
-
-
-def test_validation_through_nbgraders_api(course_dir: Path) -> None:
+def test_validation_through_nbgraders_api(course_dir: Path, tmp_path: Path) -> None:
     """`nbgrader validate` exits 0 whatever it finds: its Python API says what failed."""
-    (untouched,) = (course_dir / "submitted").glob(f"untouched/{course.ASSIGNMENT}/03_*.ipynb")
-    failed = Validator(config=Config({"Execute": {"timeout": 900}})).validate(str(untouched))["failed"]
+    shutil.copytree(course_dir / "release" / course.ASSIGNMENT, tmp_path / "work")  # the untouched starter
+    (notebook,) = (tmp_path / "work").glob("03_*.ipynb")
+    failed = Validator(config=Config({"Execute": {"timeout": 900}})).validate(str(notebook))["failed"]
     assert [cell["source"].split(" (")[0] for cell in failed] == ["# Check Step 0", "# Check Step 1", "# Check Step 2"]
     assert "does not import torch.distributed" in failed[0]["raw_error"]
 
@@ -94,3 +111,87 @@ def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
                         env={"DDP_LAB_COURSE_DIR": str(tmp_path)})
     assert result.returncode != 0 and "Traceback" not in result.output
     assert f"error: no submissions: put each in {tmp_path}/submitted/<student>/{course.ASSIGNMENT}/" in result.output
+
+
+# --- releases are built from a commit -------------------------------------------------------------
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A repository with the course files committed, and a course folder of its own."""
+    repo = tmp_path / "repo"
+    for path in [*(f"notebooks/{nb.name}" for nb in (ROOT / "notebooks").glob("*.ipynb")), *course.COURSE_FILES]:
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, repo / path)
+    git(repo, "init", "--quiet")
+    git(repo, "add", ".")
+    git(repo, "commit", "--quiet", "-m", "the course")
+    monkeypatch.setenv("DDP_LAB_COURSE_DIR", str(tmp_path / "course"))
+    return repo
+
+
+def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path) -> None:
+    committed = (clone / "fashion_mnist.py").read_text()
+    (clone / "fashion_mnist.py").write_text(committed + "import torch.distributed as dist  # a half-done Step 0\n")
+    shutil.copy(clone / "notebooks/03_steps_0_to_2.ipynb", clone / "notebooks/99_draft.ipynb")
+    built = course.build_source(clone)
+    source = course.root() / "source" / course.ASSIGNMENT
+    assert (source / "fashion_mnist.py").read_text() == committed
+    assert not (source / "99_draft.ipynb").exists()
+    commit = git(clone, "rev-parse", "--short=7", "HEAD").strip()
+    assert built.origin.startswith(f"commit {commit}") and built.origin.endswith("the course")
+    (note,) = built.notes
+    assert "fashion_mnist.py" in note and "notebooks/99_draft.ipynb" in note and "released as committed" in note
+
+
+def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:
+    (clone / "fashion_mnist.py").write_text("# edited\n")
+    built = course.build_source(clone, course.WORKING_COPY)
+    assert (course.root() / "source" / course.ASSIGNMENT / "fashion_mnist.py").read_text() == "# edited\n"
+    assert "as they are" in built.origin
+
+
+def test_release_outside_a_git_checkout_says_what_to_do(clone: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.rmtree(clone / ".git")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(clone.parent))  # no repository above it either
+    monkeypatch.setattr(course, "REPO", clone)
+    with pytest.raises(SystemExit) as exit_status:
+        course.main(["release"])
+    assert exit_status.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"error: {clone} is not a git checkout: `make release` builds from a commit; "
+                    "`make release FROM=files` builds from the files as they are")
+
+
+def test_hidden_tests_written_into_a_notebook_are_refused(clone: Path) -> None:
+    path = clone / "notebooks/04_steps_3_to_5.ipynb"
+    notebook = json.loads(path.read_text())
+    (cell,) = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "step_4"]
+    cell["source"] = "".join(cell["source"]) + "\n" + course.hidden_test_block("4")
+    path.write_text(json.dumps(notebook, indent=1))
+    with pytest.raises(course.CourseError, match="step_4 has hidden tests of its own: they belong in"):
+        course.build_source(clone, course.WORKING_COPY)
+
+
+def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
+    log = course.LogFilter()
+    log.released = {"step_4": "aaa", "step_3": "ccc"}
+    checksum = "[AutogradeApp | WARNING] Attribute 'checksum' for cell {} has changed! (should be: bbb, got: {})\n"
+    lines = {
+        checksum.format("step_4", "aaa"): False,  # the student version's cell: its hidden tests are put back
+        checksum.format("step_4", "ddd"): True,  # the learner changed the locked cell
+        checksum.format("step_3", "ccc"): True,  # no hidden tests: a change nbgrader should report
+        "/x/nbgrader/api.py:2229: SAWarning: Object of type <SubmittedAssignment> not in session\n": False,
+        "  for notebook in submission.assignment.notebooks:\n": False,  # the warning's source line
+        "[IPKernelApp] WARNING | Kernel is running over TCP without encryption. All communication\n": False,
+        "[AutogradeApp | ERROR] There was an error processing assignment\n": True,
+        "  File \"x.py\", line 3\n": True,
+    }
+    assert {line: log.keep(line) for line in lines} == lines
+    assert log.counts == {"sqlalchemy": 1, "tcp": 1, "hidden": 1}
+    assert "1 grade cells restored with their hidden tests" in log.summary()

@@ -11,11 +11,12 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told that it is on purpose.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# nbgrader's instructor tools; learners only need the assignment list and validation.
-INSTRUCTOR_LABEXT := @jupyter/nbgrader:formgrader @jupyter/nbgrader:create-assignment @jupyter/nbgrader:course-list
-INSTRUCTOR_SERVEREXT := nbgrader.server_extensions.formgrader nbgrader.server_extensions.course_list
+# nbgrader's instructor tools (formgrader, create assignment, course list) are off for learners, on
+# for instructors: jupyter-config/lab_mode.py. EXT_LEVEL=user writes your own Jupyter config instead
+# of the environment's (Jupyter in a venv reads it first only with JUPYTER_PREFER_ENV_PATH=0).
 EXT_LEVEL ?= sys_prefix
-SERVER_LEVEL := $(if $(filter sys_prefix,$(EXT_LEVEL)),--sys-prefix,--$(EXT_LEVEL))
+# JupyterLab settings that live in the environment, never in your home folder
+JUPYTER_CONFIG := $(wildcard jupyter-config/*)
 
 .PHONY: help setup lab test test-notebooks run check bench data synthetic-data release grade learner-mode instructor-mode clean
 
@@ -32,7 +33,7 @@ help:
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (autograde/release/)"
 	@echo "make grade           instructors: autograde autograde/submitted/, feedback, autograde/grades.csv, scores"
 	@echo "make release-exchange / collect / return-feedback   instructors: through nbgrader's exchange (EXCHANGE=dir)"
-	@echo "make learner-mode    switch nbgrader's instructor extensions off (make instructor-mode: on)"
+	@echo "make learner-mode    nbgrader's instructor extensions off, the default (make instructor-mode: on)"
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,10 +42,24 @@ $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "ddp_lab.pth").write_text("$(CURDIR)\n")'
 	touch $@
 
-setup: $(VENV)/.installed
+# The environment's Jupyter settings (jupyter-config/): kernels and terminals with its python first on
+# PATH, no news pop-up, Validate's time limit, and the learner's view (or the instructor's, once
+# chosen with `make instructor-mode`).
+$(VENV)/.jupyter-config: $(VENV)/.installed $(JUPYTER_CONFIG)
+	mkdir -p $(VENV)/etc/jupyter $(VENV)/share/jupyter/lab/settings/overrides.d
+	cp jupyter-config/jupyter_server_config.py jupyter-config/nbgrader_config.py \
+		jupyter-config/ddp-lab-terminal.bashrc $(VENV)/etc/jupyter/
+	cp jupyter-config/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.d/ddp-lab.json
+	$(PY) jupyter-config/lab_mode.py setup
+	touch $@
 
+setup: $(VENV)/.installed $(VENV)/.jupyter-config
+
+# The server's root is this folder (the script, solutions/, exercises/ in its file browser; terminals
+# start here), and the welcome notebook opens first.
 lab: setup
-	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_welcome.ipynb
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)" \
+		$(LAB_ARGS) notebooks/00_welcome.ipynb
 
 test: setup
 	$(PY) -m pytest
@@ -102,12 +117,10 @@ return-feedback: setup
 	$(COURSE) return-feedback $(EXCHANGE_OPT)
 
 learner-mode: setup
-	$(VENV)/bin/jupyter labextension disable --level=$(EXT_LEVEL) $(INSTRUCTOR_LABEXT)
-	$(VENV)/bin/jupyter server extension disable $(SERVER_LEVEL) $(INSTRUCTOR_SERVEREXT)
+	$(PY) jupyter-config/lab_mode.py learner --level $(EXT_LEVEL)
 
 instructor-mode: setup
-	$(VENV)/bin/jupyter labextension enable --level=$(EXT_LEVEL) $(INSTRUCTOR_LABEXT)
-	$(VENV)/bin/jupyter server extension enable $(SERVER_LEVEL) $(INSTRUCTOR_SERVEREXT)
+	$(PY) jupyter-config/lab_mode.py instructor --level $(EXT_LEVEL)
 
 clean:
 	rm -rf .pytest_cache $(SYNTHETIC_DIR)

@@ -1,8 +1,11 @@
 """Set-up files agree with each other, and `make run` picks its data honestly."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 from autograde import data, launch, output
@@ -20,7 +23,9 @@ def test_conda_environment_has_the_pip_pins() -> None:
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+    assert "apt-get install -y -qq chromium" in ci  # before make test: tests/test_browser.py needs it
     assert "make test" in (ROOT / "README.md").read_text()
 
 
@@ -64,21 +69,85 @@ def test_every_make_target_in_the_readme_is_defined_once() -> None:
         assert "warning" not in dry.stderr.lower(), dry.stderr
 
 
+INSTRUCTOR_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"]
+INSTRUCTOR_SERVER_EXTENSIONS = ["nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list"]
+VENV = Path(launch.PYTHON).parent.parent
+# What a Jupyter server started with `env` would load: which plugins are off, which server extensions on.
+EFFECTIVE = """import json, os
+from jupyter_core.paths import jupyter_config_path
+from jupyter_server.extension.config import ExtensionConfigManager
+from jupyterlab_server.config import get_static_page_config
+print(json.dumps({"disabled": [k for k, v in get_static_page_config(level="all").get("disabledExtensions", {}).items() if v],
+                  "server": ExtensionConfigManager(read_config_path=jupyter_config_path()).get_jpserver_extensions()}))"""
+
+
+def effective(env: dict[str, str]) -> tuple[set[str], dict[str, bool]]:
+    found = launch.run([launch.PYTHON, "-c", EFFECTIVE], timeout=120, env=env)
+    assert found.returncode == 0, found.output
+    loaded = json.loads(found.stdout)
+    return set(loaded["disabled"]), loaded["server"]
+
+
+def test_setup_leaves_the_environment_in_the_mode_chosen_there_with_its_jupyter_settings() -> None:
+    mode = (VENV / "etc" / "jupyter" / "ddp-lab-mode").read_text().strip()  # written by make setup
+    assert mode in ("learner", "instructor")
+    if os.environ.get("CI"):
+        assert mode == "learner"  # a fresh clone's make setup: the learner's view
+    level = os.path.join(VENV, "etc", "jupyter")
+    disabled, server = effective({"JUPYTER_CONFIG_PATH": "", "JUPYTER_CONFIG_DIR": level})
+    on = mode == "instructor"
+    assert all((plugin in disabled) != on for plugin in INSTRUCTOR_PLUGINS), disabled
+    assert all(server[name] == on for name in INSTRUCTOR_SERVER_EXTENSIONS), server
+    assert server["nbgrader.server_extensions.validate_assignment"] and server["nbgrader.server_extensions.assignment_list"]
+    for name in ("jupyter_server_config.py", "nbgrader_config.py", "ddp-lab-terminal.bashrc"):
+        assert (VENV / "etc" / "jupyter" / name).read_text() == (ROOT / "jupyter-config" / name).read_text(), name
+    overrides = VENV / "share" / "jupyter" / "lab" / "settings" / "overrides.d" / "ddp-lab.json"
+    assert json.loads(overrides.read_text())["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+
+
 def test_learner_mode_switches_nbgraders_instructor_tools_off_and_instructor_mode_on(tmp_path: Path) -> None:
-    env = {"JUPYTER_CONFIG_DIR": str(tmp_path)}  # a config of its own, not this machine's
-    instructor_only = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
-                       "@jupyter/nbgrader:course-list"]
+    # A config of its own (EXT_LEVEL=user), read before the environment's, which stays as it is.
+    env = {"JUPYTER_CONFIG_DIR": str(tmp_path), "JUPYTER_PREFER_ENV_PATH": "0"}
+    for mode, on in (("instructor", True), ("learner", False), ("instructor", True)):
+        switched = launch.run(["make", "--no-print-directory", f"{mode}-mode", "EXT_LEVEL=user"], cwd=ROOT, env=env,
+                              timeout=300)
+        assert switched.returncode == 0, switched.output
+        assert f"{mode} mode ({tmp_path})" in switched.stdout, switched.output
+        disabled, server = effective(env)
+        assert all((plugin in disabled) != on for plugin in INSTRUCTOR_PLUGINS), (mode, disabled)
+        assert "@jupyter/nbgrader:assignment-list" not in disabled
+        assert all(server[name] == on for name in INSTRUCTOR_SERVER_EXTENSIONS), (mode, server)
+        assert server["nbgrader.server_extensions.validate_assignment"], server
 
-    def disabled() -> str:
-        listing = launch.run([Path(launch.PYTHON).parent / "jupyter", "labextension", "list"], timeout=120, env=env)
-        return listing.output.partition("Disabled extensions:")[2]
 
-    learner = launch.run(["make", "--no-print-directory", "learner-mode", "EXT_LEVEL=user"], cwd=ROOT, env=env,
-                         timeout=300)
-    assert learner.returncode == 0, learner.output
-    off = disabled()
-    assert all(name in off for name in instructor_only) and "assignment-list" not in off, off
-    instructor = launch.run(["make", "--no-print-directory", "instructor-mode", "EXT_LEVEL=user"], cwd=ROOT,
-                            env=env, timeout=300)
-    assert instructor.returncode == 0, instructor.output
-    assert not any(name in disabled() for name in instructor_only)
+def test_lab_mode_says_what_is_wrong_in_one_line() -> None:
+    wrong = launch.run([launch.PYTHON, ROOT / "jupyter-config" / "lab_mode.py", "teacher"], timeout=60)
+    assert wrong.returncode == 2 and "invalid choice: 'teacher'" in wrong.stderr, wrong.output
+    assert "Traceback" not in wrong.output
+
+
+def test_lab_terminals_have_the_environments_python_first_although_a_login_shell_resets_path(tmp_path: Path) -> None:
+    """JupyterLab runs the bash that the environment's jupyter_server_config.py names; its start-up file
+    reads what a login shell reads (Debian's /etc/profile sets PATH afresh), then puts the environment first."""
+    shown = launch.run([VENV / "bin" / "jupyter", "server", "--show-config"], timeout=120, cwd=tmp_path)
+    rcfile = VENV / "etc" / "jupyter" / "ddp-lab-terminal.bashrc"
+    assert str(rcfile) in shown.stdout and "shell_command" in shown.stdout, shown.output
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".profile").write_text("PATH=/usr/bin:/bin\n")  # a start-up file that sets PATH too
+    plain_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != VENV / "bin")
+    shell = subprocess.run(["bash", "--rcfile", str(rcfile), "-i"], input="command -v python; command -v jupyter\n",
+                           env={**os.environ, "PATH": plain_path, "HOME": str(home)}, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert shell.stdout.split() == [str(VENV / "bin" / "python"), str(VENV / "bin" / "jupyter")], shell
+
+
+def test_validate_button_gives_a_check_cell_the_graders_time_limit() -> None:
+    """nbgrader's Validate button reads its config the way its server extension does, from the server's folder."""
+    timeout = launch.run([launch.PYTHON, "-c", """
+from nbgrader.preprocessors import Execute
+from nbgrader.server_extensions.validate_assignment.handlers import ValidateAssignmentHandler
+from nbgrader.validator import Validator
+print(Execute(parent=Validator(config=ValidateAssignmentHandler.load_config(None))).timeout)"""], timeout=120, cwd=ROOT)
+    assert timeout.returncode == 0, timeout.output
+    assert timeout.stdout.split()[-1] == "1800", timeout.output

@@ -196,11 +196,13 @@ def build_source(repo: Path | None = None, rev: str = "HEAD") -> Release:
 HARMLESS = {
     "sqlalchemy": re.compile(r"^\S+\.py:\d+: \w*(SAWarning|SADeprecationWarning|MovedIn20Warning): "),
     "tcp": re.compile(r"Kernel is running over TCP without encryption"),
+    "alt": re.compile(r"GenerateFeedbackApp \| WARNING\] Alternative text is missing on \d+ image"),
 }
 CHECKSUM = re.compile(r"Attribute 'checksum' for cell (\S+) has changed! \(should be: (\w+), got: (\w+)\)")
 EXPLAINED = {
     "sqlalchemy": "SQLAlchemy warnings from inside nbgrader's gradebook",
-    "tcp": "kernel notices 'running over TCP without encryption' (the kernels listen on this machine only)",
+    "tcp": "kernel notices that they talk over plain TCP (on this machine only)",
+    "alt": "notes that a feedback page's figures (the notebooks' plots) have no alternative text",
     "hidden": "grade cells restored with their hidden tests (nbgrader calls it 'checksum changed': the student "
               "version of a cell with hidden tests differs from the source, jupyter/nbgrader#1961)",
 }
@@ -316,8 +318,11 @@ def outcomes() -> list[Outcome]:
     """Each graded student's score and the steps lost, from the gradebook."""
     from nbgrader.api import Gradebook  # only where grading happens
 
+    database = root() / "gradebook.db"
+    if not database.is_file():  # nbgrader would make an empty one
+        raise CourseError(f"no gradebook at {database}: run `make grade` first")
     found = []
-    with Gradebook(f"sqlite:///{root() / 'gradebook.db'}") as gradebook:
+    with Gradebook(f"sqlite:///{database}") as gradebook:
         for submission in gradebook.assignment_submissions(ASSIGNMENT):
             cells = [g for nb in submission.notebooks for g in nb.grades]
             lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=float)

@@ -73,9 +73,9 @@ MISTAKES = [
             "images/sec"),
     Mistake("metrics_summed_not_divided", "9", (("        val_loss, val_accuracy = (totals[:2] / totals[2]).tolist()\n",
                                                  "        val_loss, val_accuracy = (totals[:2] / totals[2] * "
-                                                 "args.world_size).tolist()\n"),), "over all ranks they are"),
+                                                 "args.world_size).tolist()\n"),), "over all ranks the validation loss is"),
     Mistake("metrics_not_reduced", "9", (("        dist.all_reduce(totals, op=dist.ReduceOp.SUM)  # every rank gets "
-                                          "the same totals\n", ""),), "over all ranks they are"),
+                                          "the same totals\n", ""),), "over all ranks the validation loss is"),
     Mistake("every_rank_prints", "9", (("        if rank == 0:\n            print(f\"epoch",
                                         "        if True:\n            print(f\"epoch"),), "printed by ranks"),
     Mistake("early_stop_on_rank_0_only", "9", (("        if done:  # after Step 9", "        if done and rank == 0:  #"),),

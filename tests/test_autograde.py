@@ -171,3 +171,32 @@ def test_a_run_killed_from_outside_is_made_again_then_blamed_on_the_checker(tmp_
     assert verdict.status == "ERROR" and verdict.checker_error, verdict.observed
     assert "SIGKILL" in verdict.observed and "checker's problem, not your script's" in verdict.observed
     assert "10" not in cache.load(script, 2, 2, api.gpu_count() >= 2)
+
+
+def test_state_made_under_main_is_missing_in_the_workers_as_under_mp_spawn(tmp_path: Path) -> None:
+    """Each simulated process imports the script afresh as __mp_main__: a global that only the
+    `if __name__ == "__main__":` block sets is not there, and the run fails with the real error."""
+    script = tmp_path / "fashion_mnist.py"
+    text = SOLUTION.read_text().replace("    rank = args.node_id * args.num_gpus + local_rank\n",
+                                        "    rank = args.node_id * args.num_gpus + local_rank + OFFSET\n", 1)
+    script.write_text(text.replace('if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    OFFSET = 0\n', 1))
+    (verdict,) = api.check_steps(["4"], script)
+    assert verdict.passed is False and "NameError: name 'OFFSET' is not defined" in verdict.observed, verdict.observed
+
+
+def test_module_level_arguments_are_each_nodes_own(tmp_path: Path) -> None:
+    """The vendor lab's shape: the command line parsed at module level, the world size in a
+    module-level variable. Each simulated process sees its own node's arguments."""
+    script = tmp_path / "fashion_mnist.py"
+    text = SOLUTION.read_text()
+    text = text.replace("    rank = args.node_id * args.num_gpus + local_rank\n",
+                        "    rank = NODE_ID * args.num_gpus + local_rank\n", 1)
+    text = text.replace("rank=rank, world_size=args.world_size,", "rank=rank, world_size=WORLD_SIZE,", 1)
+    text = text.replace("\ndef main():", "\n_ARGS, _ = argparse.ArgumentParser(add_help=False).parse_known_args()\n"
+                        "NODE_ID = next((int(v) for k, v in zip(sys.argv, sys.argv[1:]) if k == '--node-id'), 0)\n"
+                        "WORLD_SIZE = next((int(v) for k, v in zip(sys.argv, sys.argv[1:]) if k == '--num-nodes'), 1) * "
+                        "next((int(v) for k, v in zip(sys.argv, sys.argv[1:]) if k == '--num-gpus'), 1)\n\n"
+                        "def main():", 1)
+    script.write_text(text)
+    results = api.check_steps(["2", "4"], script)
+    assert all(r.passed for r in results), [r.observed for r in results]

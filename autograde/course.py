@@ -160,6 +160,7 @@ def course_files(repo: Path | None = None, rev: str = "HEAD") -> Release:
             raise CourseError(f"commit {commit[:12]} has no {path}")
         files[path] = done.stdout
     summary = _git(repo, "log", "-1", "--format=%h %ad %s", "--date=short", commit).strip()
+    summary = summary if len(summary) <= 100 else summary[:97] + "..."  # a long subject: its start
     # what the working copy has that the release does not: edits, and notebooks never committed
     changed = _git(repo, "diff", "--name-only", "--relative", commit, "--", NOTEBOOKS, *COURSE_FILES).split()
     changed += _git(repo, "ls-files", "--others", "--exclude-standard", "--", f"{NOTEBOOKS}/*.ipynb").split()

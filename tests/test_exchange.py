@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from nbgrader.validator import Validator
+from traitlets.config import Config
 
 from autograde import course, launch
 from conftest import ROOT, SOLUTION, STARTER
@@ -154,6 +156,15 @@ def test_feedback_shows_the_whole_verdict_hint_included(graded: Course) -> None:
                         r"hint: .*import torch\.distributed.*", step_0), step_0
     # every failing check shows its verdict, not the checker's frames
     assert errors and all(e.startswith("Step ") and "Traceback" not in e and 'File "' not in e for e in errors), errors
+
+
+def test_a_learner_validates_with_nbgraders_api(graded: Course) -> None:
+    """`nbgrader validate` exits 0 whatever it finds: its Python API says what failed (in Bob's
+    folder, the starter, whose verdicts grading has kept: the kernel's start is most of the time)."""
+    (notebook,) = (graded.learners["bob"].work / course.ASSIGNMENT).glob("03_*.ipynb")
+    failed = Validator(config=Config({"Execute": {"timeout": 900}})).validate(str(notebook))["failed"]
+    assert [cell["source"].split(" (")[0] for cell in failed] == ["# Check Step 0", "# Check Step 1", "# Check Step 2"]
+    assert "does not import torch.distributed" in failed[0]["raw_error"]
 
 
 def test_exchange_commands_without_an_exchange_folder_say_what_to_do(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from autograde import cache, checks
+from autograde import cache, checks, devices
 from autograde.runs import Workspace
 
 Step = str | int | float
@@ -71,12 +71,12 @@ def _say(text: str) -> None:
     print(text, file=sys.stdout if _in_notebook() else sys.stderr, flush=True)
 
 
-def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, on_gpu: bool,
+def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus: int,
            say: Callable[[str], None] | None) -> tuple[dict[str, checks.Result], dict[str, str]]:
     """One set of runs: the verdicts on `wanted` and on every step those runs also answer, and
     the runs that ended for a reason outside the script (by name, with the reason)."""
     known: dict[str, checks.Result] = {}
-    with Workspace(path, procs_per_node, nodes, on_gpu=on_gpu, say=say) as ws:
+    with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
         for step in wanted:
             known[step] = checks.check(ws, step)
         for step in checks.answered_by(set(ws.made())):
@@ -112,22 +112,23 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}: pass script='path/to/fashion_mnist.py'")
     fresh = fresh or os.environ.get(FRESH, "") not in ("", "0")
-    on_gpu = gpu_count() >= 2
-    known = {} if fresh else cache.load(path, procs_per_node, nodes, on_gpu)
+    gpus = gpu_count()
+    layout = devices.signature(devices.plan(gpus, procs_per_node, nodes))
+    known = {} if fresh else cache.load(path, procs_per_node, nodes, layout)
     if all(step in known for step in wanted):
         return [known[step] for step in wanted]
     say = None if quiet else _say
-    verdicts, outside = _judge(path, wanted, procs_per_node, nodes, on_gpu, say)
+    verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
     if outside:
         if say:
             say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
-        verdicts, outside = _judge(path, wanted, procs_per_node, nodes, on_gpu, say)
+        verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
     for step, result in verdicts.items():
         affected = {name: cause for name, cause in outside.items() if name in checks.RUNS.get(step, [])}
         if affected and result.passed is False:
             verdicts[step] = _checker_error(result, affected)
     kept = {step: r for step, r in verdicts.items() if not set(checks.RUNS.get(step, [])) & set(outside)}
-    cache.save(path, procs_per_node, nodes, on_gpu, {**known, **kept})
+    cache.save(path, procs_per_node, nodes, layout, {**known, **kept})
     return [verdicts[step] for step in wanted]
 
 

@@ -3,7 +3,7 @@
 Checking a step launches the learner's script; the next check of the same file (another
 notebook's check cell, an nbgrader grade cell, the progress cell) reads the verdicts those
 runs gave instead of launching it again. A verdict is keyed by the script's exact bytes, the
-process layout, whether GPUs were used and the checker's own source: editing the script (or
+process layout, the devices each run used and the checker's own source: editing the script (or
 the checker) means new runs. Verdicts from runs that hit the time limit are not kept, since
 a machine that was only busy deserves a second try.
 
@@ -38,24 +38,24 @@ def checker_version() -> str:
     return digest.hexdigest()
 
 
-def _file(script: Path, procs_per_node: int, nodes: int, on_gpu: bool) -> Path:
+def _file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Path:
     key = hashlib.sha256(script.read_bytes())
-    key.update(f"{procs_per_node}x{nodes}:{on_gpu}:{checker_version()}".encode())
+    key.update(f"{procs_per_node}x{nodes}:{devices}:{checker_version()}".encode())
     return folder() / f"{key.hexdigest()[:32]}.json"
 
 
-def load(script: Path, procs_per_node: int, nodes: int, on_gpu: bool) -> dict[str, Result]:
+def load(script: Path, procs_per_node: int, nodes: int, devices: str) -> dict[str, Result]:
     """The verdicts known for this exact script and layout (none when unreadable)."""
     try:
-        stored = json.loads(_file(script, procs_per_node, nodes, on_gpu).read_text())
+        stored = json.loads(_file(script, procs_per_node, nodes, devices).read_text())
         return {step: Result(**fields) for step, fields in stored.items()}
     except (OSError, ValueError, TypeError):
         return {}
 
 
-def save(script: Path, procs_per_node: int, nodes: int, on_gpu: bool, verdicts: dict[str, Result]) -> None:
+def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: dict[str, Result]) -> None:
     """Keep `verdicts` for the script (written whole, then renamed, so readers never see half a file)."""
-    target = _file(script, procs_per_node, nodes, on_gpu)
+    target = _file(script, procs_per_node, nodes, devices)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")

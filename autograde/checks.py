@@ -180,7 +180,7 @@ def check_3(ws: Workspace) -> str:
 def check_4(ws: Workspace) -> str:
     """Every process calls init_process_group once, with rank node_id * num_gpus + local_rank,
     the world size, and the backend for its device (gloo on the CPU, nccl on GPUs)."""
-    backend = "nccl" if ws.on_gpu else "gloo"
+    backend = "nccl" if ws.on_gpu("workers") else "gloo"
     for child, trace in _by_child(ws):
         inits = trace.calls("init_process_group")
         who = f"the process of node {child['node']}, local rank {child['local_rank']}"
@@ -195,10 +195,10 @@ def check_4(ws: Workspace) -> str:
         require(world == ws.world_size, f"{who} joined a world of {world}; expected {ws.world_size}", "4",
                 "pass world_size=args.world_size")
         used = (joined[0]["backend"] if joined else inits[0].get("backend") or "").lower()
-        require(backend in used, f"{who} used backend {used!r} on {'GPUs' if ws.on_gpu else 'the CPU'}", "4",
+        require(backend in used, f"{who} used backend {used!r} on {ws.uses('workers')}", "4",
                 'backend "nccl" on GPUs, "gloo" on the CPU')
     _run_ok_until(ws.workers, "init_process_group", "4")
-    return f"{ws.world_size} processes joined as ranks 0-{ws.world_size - 1} of {ws.world_size} with {backend}"
+    return f"{ws.world_size} processes joined as ranks 0-{ws.world_size - 1} of {ws.world_size} with {backend}, on {ws.uses('workers')}"
 
 
 def _run_ok_until(run: Run, call: str, step: str) -> None:
@@ -343,7 +343,7 @@ def check_6_5(ws: Workspace) -> str:
 
 def check_optional(ws: Workspace) -> str | None:
     """With --sync-bn on GPUs every BatchNorm is a SyncBatchNorm (not applicable on a CPU-only machine)."""
-    if not ws.on_gpu:
+    if not ws.on_gpu("program"):
         return None
     run = ws.program
     ddp = [e for t in run.traces.values() for e in t.named("ddp")]
@@ -365,13 +365,13 @@ def check_7(ws: Workspace) -> str:
         require(len(wraps) == 1, f"rank {rank} wrapped {len(wraps)} models in DistributedDataParallel", "7",
                 "model = nn.parallel.DistributedDataParallel(model, ...)")
         local_rank = rank % ws.procs_per_node
-        device = f"cuda:{local_rank}" if ws.on_gpu else "cpu"
+        device = f"cuda:{local_rank}" if ws.on_gpu("workers") else "cpu"
         require(wraps[0]["parameter_device"] == device,
                 f"rank {rank}'s model was on {wraps[0]['parameter_device']} when wrapped; expected {device}", "7",
                 "move the model to its device before wrapping it")
         require(not trace.named("moved_after_wrap"), f"rank {rank} moved the model after wrapping it in DDP",
                 "7", "call .to(device) before DistributedDataParallel(...)")
-        if ws.on_gpu:
+        if ws.on_gpu("workers"):
             require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}",
                     "7", "device_ids=[local_rank]")
     per_epoch = {r: [e["sha1"] for e in t.named("parameters") if e["when"] == "validation"]
@@ -382,7 +382,7 @@ def check_7(ws: Workspace) -> str:
         models = {v[epoch] for v in per_epoch.values()}
         require(len(models) == 1, f"after epoch {epoch + 1}'s training the ranks hold {len(models)} different "
                 "models", "7", "wrap the model in DDP so that gradients are averaged")
-    return (f"DDP on {'cuda:local_rank' if ws.on_gpu else 'cpu'}; identical parameters on all {len(ranks)} ranks "
+    return (f"DDP on {'cuda:local_rank, ' + ws.uses('workers') if ws.on_gpu('workers') else 'the CPU'}; identical parameters on all {len(ranks)} ranks "
             "after every epoch")
 
 
@@ -602,7 +602,8 @@ def check(ws: Workspace, step: str) -> Result:
                       "This is the checker's fault, not your script's", "please report it to the course's maintainers, "
                       "with this message and your script", checker_error=True)
     if observed is None:
-        return Result(step, None, "not applicable here: SyncBatchNorm needs GPUs and this machine has none")
+        return Result(step, None, "not applicable here: SyncBatchNorm needs GPUs, and the program run (2 processes) "
+                      "had fewer than 2 GPUs on this machine")
     return Result(step, True, observed)
 
 

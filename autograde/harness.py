@@ -323,12 +323,14 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
         return 1
 
 
-def _node_in_own_process(script: str, argv: Argv) -> _Node:
-    """run_main in a forked process, so that each node's changes to the environment stay its own."""
+def _node_in_own_process(script: str, argv: Argv, gpus: str) -> _Node:
+    """run_main in a forked process, so that each node's changes to the environment stay its own.
+    The node sees the GPUs `gpus` (CUDA_VISIBLE_DEVICES; "" for none), and so do its processes."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read)
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # before anything starts CUDA
         try:
             node, _ = run_main(script, argv)
             message = {"setup": asdict(node.setup), "argv": node.argv, "environ": node.environ,
@@ -352,13 +354,14 @@ def _node_in_own_process(script: str, argv: Argv) -> _Node:
 
 
 def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
-                save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                save: Callable[[dict[str, Any]], None], node_gpus: list[str] | None = None) -> dict[str, Any]:
     """Set up every node, then run, in one forked process per (node, local rank), what that node's
     mp.spawn would run (before Step 10: worker(local_rank, args)).
 
     The report is saved as soon as the processes are started, and again when they end, so
     that a run stopped for hanging still says which process was which."""
-    nodes = [_node_in_own_process(script, argv) for argv in node_argvs]
+    gpus = node_gpus or [""] * len(node_argvs)
+    nodes = [_node_in_own_process(script, argv, gpus[k]) for k, argv in enumerate(node_argvs)]
     report: dict[str, Any] = {"setups": [asdict(n.setup) for n in nodes], "children": []}
     failed = next((n for n in nodes if n.setup.stop is None or n.error or n.payload is None), None)
     if failed is not None:
@@ -402,6 +405,7 @@ def main() -> None:
     parser.add_argument("--argv", default="[]", help="setup: the command line, as a JSON list")
     parser.add_argument("--nodes", default="[]", help="workers: each node's command line, as JSON")
     parser.add_argument("--procs-per-node", type=int, default=2)
+    parser.add_argument("--node-gpus", default="[]", help="workers: each node's CUDA_VISIBLE_DEVICES, as JSON")
     options = parser.parse_args()
     script = os.path.abspath(options.script)
     os.environ["DDP_LAB_SCRIPT"] = script
@@ -415,7 +419,7 @@ def main() -> None:
     if options.mode == "setup":
         save(asdict(setup_run(script, json.loads(options.argv))))
     else:
-        save(workers_run(script, json.loads(options.nodes), options.procs_per_node, save))
+        save(workers_run(script, json.loads(options.nodes), options.procs_per_node, save, json.loads(options.node_gpus)))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from autograde import data, launch
+from autograde import data, devices, launch
 from autograde.traces import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
@@ -115,13 +115,13 @@ def short(text: str, limit: int = 300) -> str:
 class Workspace:
     """A temporary folder with stand-in data, and the runs of one script in it (each made once)."""
 
-    def __init__(self, script: Path, procs_per_node: int = 2, nodes: int = 2, on_gpu: bool = False,
+    def __init__(self, script: Path, procs_per_node: int = 2, nodes: int = 2, gpus: int = 0,
                  say: Callable[[str], None] | None = None) -> None:
         self.say = say  # told when a run starts and ends: runs take seconds, and a silent cell looks stuck
         self.script = Path(script).resolve()
         self.procs_per_node = procs_per_node
         self.nodes = nodes
-        self.on_gpu = on_gpu
+        self.devices = devices.plan(gpus, procs_per_node, nodes)  # each run's GPUs, or None: the CPU
         self.root = Path(tempfile.mkdtemp(prefix="ddp-lab-check-"))
         self.staging = self.root / "staging"
         data.write_synthetic(self.staging, TRAIN_SIZE, VAL_SIZE, seed=11)
@@ -144,9 +144,17 @@ class Workspace:
         """Whether a run made so far hit TIME_LIMIT (a deadlock stops earlier, as a stall)."""
         return any(r.timed_out for run in self.made().values() for r in run.results)
 
+    def on_gpu(self, run: str) -> bool:
+        """Whether the run (workers, program, two_nodes) uses GPUs (else the CPU, with gloo)."""
+        return self.devices.get(run) is not None
+
+    def uses(self, run: str) -> str:
+        """The devices of a run, for a verdict."""
+        return devices.describe(self.devices.get(run))
+
     @property
     def stall_seconds(self) -> float:
-        return 30.0 if self.on_gpu else STALL_SECONDS
+        return 30.0 if any(self.devices.values()) else STALL_SECONDS  # setting up CUDA and NCCL can be slow
 
     @property
     def world_size(self) -> int:
@@ -157,16 +165,13 @@ class Workspace:
         folder.mkdir()
         return folder
 
-    def _env(self, trace_dir: Path, gpus: str | None = None) -> dict[str, str]:
+    def _env(self, trace_dir: Path, gpus: str) -> dict[str, str]:
         path = [str(STARTUP), str(PACKAGE.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
         env = {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
                "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging),
                # asking how many GPUs there are must not set up CUDA: the workers run forks
-               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-        if not self.on_gpu:  # a single GPU cannot hold a 2-process group: check on the CPU, with gloo
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        elif gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpus
+               "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+               "CUDA_VISIBLE_DEVICES": gpus}  # "": the CPU
         return env
 
     def _common(self, data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:
@@ -175,11 +180,12 @@ class Workspace:
 
     def _launch(self, name: str, commands: list[list[str]], trace_dir: Path,
                 gpus: list[str] | None = None) -> tuple[list[launch.Result], bool]:
-        """Start the commands together (command i sees GPUs gpus[i]); stop them all at a deadlock or the time limit."""
+        """Start the commands together (command i sees GPUs gpus[i], all of them the CPU when None);
+        stop them all at a deadlock or the time limit."""
         started = time.monotonic()
         if self.say:
             self.say(f"running the {name}: {self._describe(name, len(commands))} ...")
-        procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir, gpus[i] if gpus else None))
+        procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir, gpus[i] if gpus else ""))
                  for i, cmd in enumerate(commands)]
         size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
         while any(p.poll() is None for p in procs) and time.monotonic() - started < TIME_LIMIT:
@@ -233,7 +239,9 @@ class Workspace:
         port = launch.free_port()
         nodes = [[["--num-nodes", self.nodes], ["--node-id", k], ["--num-gpus", self.procs_per_node]]
                  + self._common(self.root / f"node{k}-disk", port=port) for k in range(self.nodes)]
-        return self._harness("workers run", "workers", nodes=nodes, procs_per_node=str(self.procs_per_node))
+        # the harness process itself never starts CUDA; each node's processes see only the node's GPUs
+        return self._harness("workers run", "workers", nodes=nodes, procs_per_node=str(self.procs_per_node),
+                             node_gpus=self.devices["workers"] or [""] * self.nodes)
 
     def _argv(self, pairs: Argv) -> list[str]:
         """`pairs` as a command line, without the options the script does not know (from the setup run)."""
@@ -248,9 +256,10 @@ class Workspace:
     def program(self) -> Run:
         """`python script.py --num-gpus 2 ...`: the script launching its own processes."""
         folder = self._folder("program run")
-        sync_bn: Argv = [["--sync-bn", None]] if self.on_gpu else []  # the Optional step's check reads this run
+        sync_bn: Argv = [["--sync-bn", None]] if self.on_gpu("program") else []  # the Optional step's check reads this run
         argv = self._argv([["--num-gpus", 2]] + sync_bn + self._common(folder / "data", epochs=1))
-        results, stalled = self._launch("program run", [[launch.PYTHON, str(self.script), *argv]], folder)
+        results, stalled = self._launch("program run", [[launch.PYTHON, str(self.script), *argv]], folder,
+                                        self.devices["program"])
         return Run("program run", results, read_traces(folder), None, stalled, argv)
 
     @cached_property
@@ -264,5 +273,5 @@ class Workspace:
             argv = self._argv(layout + self._common(folder / f"node{k}-disk", epochs=1, port=port))
             commands.append([launch.PYTHON, str(self.script), *argv])
         # on GPUs each "node" gets a GPU of its own: NCCL refuses two ranks on one device
-        results, stalled = self._launch("two-node run", commands, folder, gpus=["0", "1"])
+        results, stalled = self._launch("two-node run", commands, folder, self.devices["two_nodes"])
         return Run("two-node run", results, read_traces(folder), None, stalled, commands[0][2:])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import api, cache, checks, launch
+from autograde import api, cache, checks, devices, launch
 from conftest import ROOT, SOLUTION, STARTER, snapshot
 from mistakes import MISTAKES, Mistake
 
@@ -117,14 +117,14 @@ def test_a_script_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
 def test_verdicts_are_reused_for_the_same_file_and_redone_after_an_edit(tmp_path: Path) -> None:
     script = tmp_path / "fashion_mnist.py"
     script.write_text(SOLUTION.read_text() + "# bytes of its own: the solution's verdicts are kept by other tests\n")
-    on_gpu = api.gpu_count() >= 2
-    assert cache.load(script, 2, 2, on_gpu) == {}
+    layout = devices.signature(devices.plan(api.gpu_count(), 2, 2))
+    assert cache.load(script, 2, 2, layout) == {}
     (step_4,) = api.check_steps(["4"], script)
     # the run made for Step 4 answered, and kept, every step that reads only that run
-    kept = cache.load(script, 2, 2, on_gpu)
+    kept = cache.load(script, 2, 2, layout)
     assert {"0", "3", "4", "5", "6", "6.5", "7", "8", "9"} <= set(kept) and kept["4"] == step_4
     script.write_text(SOLUTION.read_text().replace("import torch.distributed as dist\n", "", 1))
-    assert cache.load(script, 2, 2, on_gpu) == {}  # another file: nothing known yet
+    assert cache.load(script, 2, 2, layout) == {}  # another file: nothing known yet
     (step_0,) = api.check_steps(["0"], script)
     assert step_0.passed is False
 
@@ -170,7 +170,7 @@ def test_a_run_killed_from_outside_is_made_again_then_blamed_on_the_checker(tmp_
     (verdict,) = api.check_steps(["10"], script, fresh=True)
     assert verdict.status == "ERROR" and verdict.checker_error, verdict.observed
     assert "SIGKILL" in verdict.observed and "checker's problem, not your script's" in verdict.observed
-    assert "10" not in cache.load(script, 2, 2, api.gpu_count() >= 2)
+    assert "10" not in cache.load(script, 2, 2, devices.signature(devices.plan(api.gpu_count(), 2, 2)))
 
 
 def test_state_made_under_main_is_missing_in_the_workers_as_under_mp_spawn(tmp_path: Path) -> None:

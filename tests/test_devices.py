@@ -1,0 +1,42 @@
+"""The device plan of the checker's runs, for machines with 1 to 8 GPUs (pure logic: no launch)."""
+from __future__ import annotations
+
+import pytest
+
+from autograde import devices
+
+LAYOUTS = [(2, 2), (3, 1), (1, 3)]  # (processes per node, nodes): the default and the hidden tests'
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
+@pytest.mark.parametrize("procs_per_node,nodes", LAYOUTS)
+def test_no_group_holds_two_ranks_on_one_gpu(gpus: int, procs_per_node: int, nodes: int) -> None:
+    planned = devices.plan(gpus, procs_per_node, nodes)
+    layouts = {"workers": (nodes, procs_per_node), **devices.FIXED}
+    for run, assigned in planned.items():
+        count, each = layouts[run]
+        if assigned is None:
+            continue
+        assert len(assigned) == count
+        # local rank r of node k uses cuda:r, the r-th GPU its CUDA_VISIBLE_DEVICES lists
+        physical = [int(node.split(",")[r]) for node in assigned for r in range(each)]
+        assert len(set(physical)) == len(physical), f"{run}: two ranks on one GPU: {assigned}"
+        assert all(0 <= g < gpus for g in physical), f"{run}: a GPU this machine lacks: {assigned}"
+
+
+@pytest.mark.parametrize("procs_per_node,nodes", LAYOUTS)
+def test_each_run_uses_gpus_exactly_when_there_are_enough(procs_per_node: int, nodes: int) -> None:
+    for gpus in (0, 1, 2, 3, 4, 8):
+        planned = devices.plan(gpus, procs_per_node, nodes)
+        assert (planned["workers"] is not None) == (gpus >= max(2, procs_per_node * nodes))
+        # the runs the GPU-only criteria read (Optional: the program run) are on GPUs from 2 GPUs on
+        assert (planned["program"] is not None) == (gpus >= 2)
+        assert (planned["two_nodes"] is not None) == (gpus >= 2)
+
+
+def test_a_plan_reads_as_devices() -> None:
+    planned = devices.plan(4, 2, 2)
+    assert planned["workers"] == ["0,1", "2,3"] and planned["two_nodes"] == ["0", "1"]
+    assert devices.describe(planned["workers"]) == "GPUs 0,1 | 2,3"
+    assert devices.describe(None) == "the CPU"
+    assert devices.signature(planned) != devices.signature(devices.plan(2, 2, 2))

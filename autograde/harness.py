@@ -307,7 +307,7 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
     from autograde import tracer
     os.environ.clear()
     os.environ.update(node.environ)
-    tracer.emit("worker_start", local_rank=local_rank)
+    tracer.emit("worker_start", local_rank=local_rank, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         _import_as_mp_main(script, node.argv)
         assert node.payload is not None

@@ -40,3 +40,15 @@ def test_a_plan_reads_as_devices() -> None:
     assert devices.describe(planned["workers"]) == "GPUs 0,1 | 2,3"
     assert devices.describe(None) == "the CPU"
     assert devices.signature(planned) != devices.signature(devices.plan(2, 2, 2))
+
+
+def test_each_simulated_node_sees_only_its_own_gpus() -> None:
+    """The workers run's plumbing, on a machine without GPUs: planned for 4 GPUs, each node's
+    processes start with that node's CUDA_VISIBLE_DEVICES (what a learner's cuda:local_rank reads)."""
+    from autograde.runs import Workspace
+    from conftest import SOLUTION
+
+    with Workspace(SOLUTION, procs_per_node=2, nodes=2, gpus=4) as ws:
+        seen = {(c["node"], c["local_rank"]): ws.workers.traces[c["pid"]].named("worker_start")[0]["visible_devices"]
+                for c in ws.workers.report["children"]}
+    assert seen == {(0, 0): "0,1", (0, 1): "0,1", (1, 0): "2,3", (1, 1): "2,3"}

@@ -198,7 +198,63 @@ def check_4(ws: Workspace) -> str:
         require(backend in used, f"{who} used backend {used!r} on {ws.uses('workers')}", "4",
                 'backend "nccl" on GPUs, "gloo" on the CPU')
     _run_ok_until(ws.workers, "init_process_group", "4")
-    return f"{ws.world_size} processes joined as ranks 0-{ws.world_size - 1} of {ws.world_size} with {backend}, on {ws.uses('workers')}"
+    gpu = _gpu_note(ws, _pinned_before_group)
+    return (f"{ws.world_size} processes joined as ranks 0-{ws.world_size - 1} of {ws.world_size} with {backend}, "
+            f"on {ws.uses('workers')}{gpu}")
+
+
+def _gpu_run(ws: Workspace) -> str | None:
+    """The run that shows the GPU-only parts of Steps 4 and 7 (nccl, set_device before the group,
+    the model on cuda:local_rank): the workers run when it has GPUs enough, else the program run
+    (2 processes), else none: on the CPU they cannot show."""
+    return next((run for run in ("workers", "program") if ws.on_gpu(run)), None)
+
+
+def _gpu_processes(ws: Workspace, run_name: str) -> list[tuple[int, int, traces.ProcessTrace]] | None:
+    """(global rank, local rank, trace) of every process of a GPU run; None when the program run
+    cannot show it yet (the script does not start its processes before Step 10)."""
+    if run_name == "workers":
+        return [(r, r % ws.procs_per_node, t) for r, t in sorted(ws.workers.ranks().items())]
+    run = ws.program
+    if not any(t.named("spawn") for t in run.traces.values()) or len(run.ranks()) != 2:
+        return None
+    return [(r, r, t) for r, t in sorted(run.ranks().items())]  # one node: local rank = global rank
+
+
+def _gpu_note(ws: Workspace, check: Callable[[int, int, traces.ProcessTrace], None]) -> str:
+    """Check the GPU-only part of a step in the run that can show it; say which run and devices."""
+    run_name = _gpu_run(ws)
+    if run_name is None:
+        return ""
+    processes = _gpu_processes(ws, run_name)
+    if processes is None:
+        return f"; its GPU part is checked once Step 10 is done (the program run, on {ws.uses(run_name)})"
+    for rank, local_rank, trace in processes:
+        check(rank, local_rank, trace)
+    return f"; on GPUs: checked in the {run_name} run, on {ws.uses(run_name)}"
+
+
+def _pinned_before_group(rank: int, local_rank: int, trace: traces.ProcessTrace) -> None:
+    """Step 4 on GPUs: nccl, and torch.cuda.set_device(local_rank) before init_process_group."""
+    init = next((i for i, e in enumerate(trace.events) if e["ev"] == "enter" and e.get("call") == "init_process_group"), None)
+    pinned = [e for e in trace.events[:init] if e["ev"] == "set_device"] if init is not None else []
+    require(pinned and pinned[-1]["device"] in (str(local_rank), f"cuda:{local_rank}"),
+            f"rank {rank} did not call torch.cuda.set_device({local_rank}) before init_process_group"
+            + (f" (it set {pinned[-1]['device']})" if pinned else ""), "4",
+            "on a GPU, torch.cuda.set_device(local_rank) before dist.init_process_group")
+    joined = next((e for e in trace.events if e["ev"] == "exit" and e.get("call") == "init_process_group"), {})
+    require("nccl" in str(joined.get("backend", "")).lower(), f"rank {rank} used backend {joined.get('backend')!r} "
+            "on GPUs", "4", 'backend "nccl" on GPUs')
+
+
+def _model_on_own_gpu(rank: int, local_rank: int, trace: traces.ProcessTrace) -> None:
+    """Step 7 on GPUs: the model on cuda:local_rank when wrapped, with device_ids=[local_rank]."""
+    wraps = trace.named("ddp")
+    require(wraps and wraps[0]["parameter_device"] == f"cuda:{local_rank}",
+            f"rank {rank}'s model was on {wraps[0]['parameter_device'] if wraps else 'no device'} when wrapped; "
+            f"expected cuda:{local_rank}", "7", "model.to(torch.device('cuda', local_rank)) before wrapping it")
+    require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}", "7",
+            "device_ids=[local_rank]")
 
 
 def _run_ok_until(run: Run, call: str, step: str) -> None:
@@ -364,16 +420,12 @@ def check_7(ws: Workspace) -> str:
         wraps = trace.named("ddp")
         require(len(wraps) == 1, f"rank {rank} wrapped {len(wraps)} models in DistributedDataParallel", "7",
                 "model = nn.parallel.DistributedDataParallel(model, ...)")
-        local_rank = rank % ws.procs_per_node
-        device = f"cuda:{local_rank}" if ws.on_gpu("workers") else "cpu"
-        require(wraps[0]["parameter_device"] == device,
-                f"rank {rank}'s model was on {wraps[0]['parameter_device']} when wrapped; expected {device}", "7",
-                "move the model to its device before wrapping it")
+        if not ws.on_gpu("workers"):  # on GPUs, _model_on_own_gpu below
+            require(wraps[0]["parameter_device"] == "cpu",
+                    f"rank {rank}'s model was on {wraps[0]['parameter_device']} when wrapped; expected cpu", "7",
+                    "move the model to its device before wrapping it")
         require(not trace.named("moved_after_wrap"), f"rank {rank} moved the model after wrapping it in DDP",
                 "7", "call .to(device) before DistributedDataParallel(...)")
-        if ws.on_gpu("workers"):
-            require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}",
-                    "7", "device_ids=[local_rank]")
     per_epoch = {r: [e["sha1"] for e in t.named("parameters") if e["when"] == "validation"]
                  for r, t in ranks.items()}
     epochs = min(len(v) for v in per_epoch.values())
@@ -382,8 +434,8 @@ def check_7(ws: Workspace) -> str:
         models = {v[epoch] for v in per_epoch.values()}
         require(len(models) == 1, f"after epoch {epoch + 1}'s training the ranks hold {len(models)} different "
                 "models", "7", "wrap the model in DDP so that gradients are averaged")
-    return (f"DDP on {'cuda:local_rank, ' + ws.uses('workers') if ws.on_gpu('workers') else 'the CPU'}; identical parameters on all {len(ranks)} ranks "
-            "after every epoch")
+    gpu = _gpu_note(ws, _model_on_own_gpu)
+    return f"DDP on {ws.uses('workers')}; identical parameters on all {len(ranks)} ranks after every epoch{gpu}"
 
 
 @dataclass

@@ -129,6 +129,17 @@ def _patch_distributed() -> None:
         return result
 
     dist.init_process_group = init_process_group
+
+    import torch
+
+    original_set_device = torch.cuda.set_device
+
+    @functools.wraps(original_set_device)
+    def set_device(device: Any) -> None:
+        emit("set_device", device=str(device))
+        original_set_device(device)
+
+    torch.cuda.set_device = set_device
     original_destroy = dist.destroy_process_group
 
     @functools.wraps(original_destroy)

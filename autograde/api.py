@@ -167,13 +167,14 @@ def progress_table(results: Sequence[checks.Result]) -> str:
     rows = []
     for r in results:
         seen = f"needs Step {r.earlier} first" if r.earlier else r.observed
-        rows.append(f"<tr><td style='text-align:left'>Step {html.escape(r.step)}</td>"
+        name = "Optional" if r.step == "optional" else f"Step {r.step}"
+        rows.append(f"<tr><td style='text-align:left;white-space:nowrap'>{html.escape(name)}</td>"
                     f"<td style='text-align:left;color:{colours[r.status]};font-weight:bold'>{r.status}</td>"
                     f"<td style='text-align:left'>{html.escape(seen)}</td></tr>")
     first = next((r for r in results if r.step != "optional" and not r.passed), None)
     hint = f"<p><b>Hint for Step {html.escape(first.step)}:</b> {html.escape(first.hint)}</p>" if first and first.hint else ""
-    return (f"<table class='ddp-lab-progress'><thead><tr><th>step</th><th>verdict</th><th>what the checker saw"
-            f"</th></tr></thead><tbody>{''.join(rows)}</tbody></table><p><b>{html.escape(summary(results))}</b></p>{hint}")
+    head = "".join(f"<th style='text-align:left'>{h}</th>" for h in ("step", "verdict", "what the checker saw"))
+    return (f"<table class='ddp-lab-progress'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table><p><b>{html.escape(summary(results))}</b></p>{hint}")
 
 
 def progress(script: str | Path | None = None, fresh: bool = False) -> list[checks.Result]:

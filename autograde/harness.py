@@ -62,6 +62,7 @@ class Setup:
     module_ints: dict[str, int] = field(default_factory=dict)
     init: dict[str, Any] | None = None       # init_process_group's arguments, if the run got there
     spawn: dict[str, Any] | None = None      # mp.spawn's function name, nprocs and integer arguments
+    spawned_error: str | None = None          # how the first spawned process failed before its process group
 
 
 def _jsonable(value: Any) -> Any:
@@ -290,9 +291,8 @@ def setup_run(script: str, wanted: Argv) -> Setup:
         setup.module_ints.update(_ints(stop.module))
     except _TooLong:
         pass  # what the main code did is all there is to see
-    except BaseException as err:
-        setup.error = f"the first spawned process crashed: {_short_error(err)}"
-        setup.stop = None
+    except BaseException as err:  # the main code's part (Steps 1-2) stands; the workers run shows this
+        setup.spawned_error = f"the first spawned process crashed: {_short_error(err)}"
     finally:
         signal.alarm(0)
     return setup
@@ -307,11 +307,11 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
     from autograde import tracer
     os.environ.clear()
     os.environ.update(node.environ)
-    tracer.emit("worker_start", local_rank=local_rank, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         _import_as_mp_main(script, node.argv)
         assert node.payload is not None
         fn, args = pickle.loads(node.payload)
+        tracer.emit("worker_start", local_rank=local_rank, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
         fn(local_rank, *args)
         tracer.record_parameters()
         tracer.emit("worker_done", optimizer_steps=tracer.optimizer_steps())

@@ -13,6 +13,8 @@ class Mistake:
     step: str
     edits: tuple[tuple[str, str], ...]
     expect: str
+    # earlier steps that fail too, for real, with these words (most mistakes leave them passing)
+    also_fails: tuple[tuple[str, str], ...] = ()
 
     def apply(self, text: str) -> str:
         for old, new in self.edits:
@@ -84,7 +86,9 @@ MISTAKES = [
                                           "        mp.spawn(worker, args=(args,), nprocs=1)\n"),), "nprocs=1"),
     Mistake("spawn_without_main_guard", "10", (('if __name__ == "__main__":\n    try:\n        main()\n    except '
                                                 'KeyboardInterrupt:\n        sys.exit("interrupted")\n',
-                                                'main()\n'),), "re-import"),
+                                                'main()\n'),), "re-import",
+            # every process re-runs main() when it imports the script, so nothing trains, as for real
+            also_fails=(("3", "put the launch under"),)),
 ]
 
 # Mistakes that only a run on GPUs can show (the checker's GPU mode, 2 GPUs or more): `make gpu-check` runs them.

@@ -53,7 +53,12 @@ def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistak
     verdict = results[mistake.step]
     assert verdict.passed is False, f"{mistake.name}: Step {mistake.step} passed: {verdict.observed}"
     assert mistake.expect in verdict.observed, verdict.observed
-    assert "is not right yet" not in verdict.observed, f"an earlier step failed instead: {verdict.observed}"
+    if mistake.also_fails:
+        for step, words in mistake.also_fails:
+            (earlier,) = api.check_steps([step], script)
+            assert earlier.passed is False and words in earlier.observed, earlier.observed
+    else:
+        assert "is not right yet" not in verdict.observed, f"an earlier step failed instead: {verdict.observed}"
     assert time.monotonic() - started < 150, "the check took too long: it must stop a hang itself"
 
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograde import api, data, launch, output
+from autograde import api, data, devices, launch, output
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTION = REPO / "solutions" / "fashion_mnist_solution.py"
@@ -107,10 +107,10 @@ def training(report: Report, gpus: int, data_dir: Path) -> None:
 
 
 def checks(report: Report, gpus: int) -> None:
-    on_gpu = gpus >= 2
-    mode = f"GPU mode, NCCL on {gpus} GPUs" if on_gpu else (
-        f"on the CPU with gloo: the checker's GPU mode needs 2 GPUs and this machine has {gpus}")
-    report.add(f"\n## The checker ({mode})\n")
+    planned = devices.plan(gpus, 2, 2)
+    on_gpu = any(planned.values())  # the GPU parts of Steps 4 and 7 show in the workers run, else the program run
+    runs = "; ".join(f"{run} run on {devices.describe(assigned)}" for run, assigned in planned.items())
+    report.add(f"\n## The checker ({runs})\n")
     report.add("| what | verdict | observed |\n| --- | --- | --- |")
     started = time.monotonic()
     results = api.check_steps(None, SOLUTION, fresh=True, quiet=True)
@@ -118,6 +118,7 @@ def checks(report: Report, gpus: int) -> None:
         verdict = "FAIL" if r.passed is False else r.status
         report.row(f"solution, Step {r.step}", verdict, r.observed)
     report.add(f"\n(all steps in {time.monotonic() - started:.0f} s)\n")
+    report.add("| mistake | verdict | observed |\n| --- | --- | --- |")
     catalogue, gpu_only = _mistakes()
     with tempfile.TemporaryDirectory() as folder:
         for name in MISTAKES:
@@ -126,7 +127,7 @@ def checks(report: Report, gpus: int) -> None:
                 report.row(f"mistake {name}", "n/a", "not in tests/mistakes.py")
                 continue
             if name in gpu_only and not on_gpu:
-                report.row(f"mistake {name}", "n/a", "shows only in the checker's GPU mode (2 GPUs or more)")
+                report.row(f"mistake {name}", "n/a", "shows only in a run on GPUs (2 GPUs or more)")
                 continue
             script = Path(folder) / f"{name}.py"
             script.write_text(mistake.apply(SOLUTION.read_text()))  # type: ignore[attr-defined]

@@ -1,0 +1,204 @@
+"""Correct finished scripts written the ways real learners write them (tests/styles/).
+
+The checker must accept every correct script, whatever its style: module-level arguments,
+the world size kept only by the process group or in the environment, a Trainer class, a
+worker with another name and signature, averaged metrics, drop_last, any epoch line. Each
+style is first shown to be correct by running it for real, as a learner would (2 gloo
+processes, one small epoch; the printed numbers are recomputed here); then the checker
+must pass every step of it, in the default layout and in the graders' hidden layouts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchvision.datasets import FashionMNIST
+from torchvision.transforms import ToTensor
+
+from autograde import api, checks, course, launch
+from conftest import PROBE, QUICK, TRAIN_SIZE
+
+STYLES_DIR = Path(__file__).resolve().parent / "styles"
+STYLES = sorted(STYLES_DIR.glob("*.py"))
+
+# How each style words its epoch line, as a pattern with the numbers the test reads back.
+NUMBER = r"(\d+(?:\.\d*)?|nan)"
+EPOCH_LINES = {
+    "original_lab": rf"Epoch = (?P<epoch>\d+): Cumulative Time = \d+, Epoch Time = (?P<epoch_time>{NUMBER}), "
+                    rf"Images/sec = (?P<images_per_sec>{NUMBER}), Validation Loss = (?P<loss>{NUMBER}), "
+                    rf"Validation Accuracy = (?P<accuracy>{NUMBER})",
+    "get_world_size": rf"epoch (?P<epoch>\d+) done after [\d.]+ s \(this epoch (?P<epoch_time>{NUMBER}) s\): "
+                      rf"(?P<images_per_sec>{NUMBER}) images/s, validation loss (?P<loss>{NUMBER}), "
+                      rf"accuracy (?P<accuracy>{NUMBER})",
+    "env_vars": rf"Epoch (?P<epoch>\d+) \| total \d+:\d\d:\d\d \| epoch (?P<epoch_time>{NUMBER}) s \| "
+                rf"(?P<images_per_sec>{NUMBER}) img/s \| val_loss (?P<loss>{NUMBER}) \| val_acc (?P<accuracy>{NUMBER})",
+    "tutorial_setup": rf"Epoch (?P<epoch>\d+) \| elapsed +[\d.]+s \| epoch (?P<epoch_time>{NUMBER})s \| "
+                      rf"(?P<images_per_sec>{NUMBER}) images/sec \| val loss (?P<loss>{NUMBER}) \| "
+                      rf"val acc (?P<accuracy>{NUMBER})",
+    "trainer_class": rf"Epoch +(?P<epoch>\d+) \[\d+m\d\ds\] took (?P<epoch_time>{NUMBER})s, "
+                     rf"(?P<images_per_sec>{NUMBER}) images/sec; validation: loss (?P<loss>{NUMBER}), "
+                     rf"accuracy (?P<accuracy>{NUMBER})",
+    "spawn_extra_args": rf"epoch=(?P<epoch>\d+) elapsed=[\d.]+s epoch_time=(?P<epoch_time>{NUMBER})s "
+                        rf"throughput=(?P<images_per_sec>{NUMBER})img/s val_loss=(?P<loss>{NUMBER}) "
+                        rf"val_acc=(?P<accuracy>{NUMBER})",
+    "reduce_avg": rf"Epoch (?P<epoch>\d+)/\d+ - \d+s - epoch (?P<epoch_time>{NUMBER})s - "
+                  rf"(?P<images_per_sec>{NUMBER}) samples/s - val_loss: (?P<loss>{NUMBER}) - "
+                  rf"val_accuracy: (?P<accuracy>{NUMBER})",
+    "drop_last_train": rf"Epoch (?P<epoch>\d+): [\d.]+s total, (?P<epoch_time>{NUMBER})s this epoch, "
+                       rf"(?P<images_per_sec>{NUMBER}) images/s \(all ranks\), validation loss (?P<loss>{NUMBER}) "
+                       rf"accuracy (?P<accuracy>{NUMBER})",
+    "percent_line": rf"\[epoch (?P<epoch>\d+)/\d+\] \d\d:\d\d:\d\d elapsed \| (?P<epoch_time>{NUMBER})s \| "
+                    rf"(?P<images_per_sec>{NUMBER}) img/s \| loss=(?P<loss>{NUMBER}) acc=(?P<accuracy>{NUMBER})%",
+}
+PERCENT_ACCURACY = {"percent_line"}
+
+# Loaded into every process of a real run: the course's probe (each rank's weights at its
+# last evaluation, tests/probe/), and a record of who printed what, by global rank.
+RECORDER = '''
+import builtins, json, os, sys
+exec(compile(open({probe!r}).read(), {probe!r}, "exec"))
+_print = builtins.print
+
+def _recording_print(*args, **kwargs):
+    if kwargs.get("file") in (None, sys.stdout):
+        import torch.distributed as dist
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+        text = (kwargs.get("sep") or " ").join(map(str, args))
+        with open(os.path.join({prints!r}, "prints-%d.jsonl" % os.getpid()), "a") as f:
+            f.write(json.dumps({{"rank": rank, "text": text}}) + "\\n")
+    _print(*args, **kwargs)
+
+builtins.print = _recording_print
+'''
+
+
+def style_id(path: Path) -> str:
+    return path.stem
+
+
+def test_the_styles_are_learner_files() -> None:
+    assert len(STYLES) >= 8, [p.name for p in STYLES]
+    assert {p.stem for p in STYLES} == set(EPOCH_LINES), "every style needs its epoch line here, and only they"
+    for path in STYLES:
+        source = path.read_text()
+        assert not re.search(r"^\s*(from|import)\s+autograde", source, re.M), f"{path.name} imports the course's code"
+        assert 'if __name__ == "__main__":' in source or "if __name__ == '__main__':" in source, path.name
+
+
+def load_style(path: Path) -> ModuleType:
+    """The style as a module, not run as a program (a style may parse its command line at import)."""
+    spec = importlib.util.spec_from_file_location(f"style_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    # in sys.modules while it runs, as an imported module is (dataclasses look themselves up there)
+    with mock.patch.object(sys, "argv", [str(path)]), mock.patch.dict(os.environ), \
+            mock.patch.dict(sys.modules, {spec.name: module}):
+        spec.loader.exec_module(module)
+    return module
+
+
+def whole_set_metrics(path: Path, weights: dict[str, torch.Tensor], root: Path) -> tuple[float, float]:
+    """Loss and accuracy of `weights` (the style's own model) over the whole validation set, in one process."""
+    model = load_style(path).WideResNet(widen_factor=1)
+    model.load_state_dict(weights)
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for images, labels in torch.utils.data.DataLoader(FashionMNIST(str(root), train=False, transform=ToTensor()),
+                                                          batch_size=100):
+            outputs = model(images)
+            loss_sum += F.cross_entropy(outputs, labels, reduction="sum").item()
+            correct += int((outputs.argmax(1) == labels).sum())
+            count += len(labels)
+    return loss_sum / count, correct / count
+
+
+def half_unit(printed: str) -> float:
+    """Half a unit of the printed number's last digit: how far printing may have moved it."""
+    decimals = len(printed.split(".", 1)[1]) if "." in printed else 0
+    return 0.5 * 10 ** -decimals
+
+
+@pytest.mark.parametrize("path", STYLES, ids=style_id)
+def test_style_trains_for_real(path: Path, stand_in: Path, tmp_path: Path) -> None:
+    """`python STYLE --num-gpus 2 ...` as a learner types it: exit 0, one epoch line, printed by
+    global rank 0 alone, with the summed images/sec and the whole validation set's metrics."""
+    site, prints, weights = tmp_path / "site", tmp_path / "prints", tmp_path / "weights"
+    for folder in (site, prints, weights):
+        folder.mkdir()
+    (site / "sitecustomize.py").write_text(RECORDER.format(probe=str(PROBE / "sitecustomize.py"), prints=str(prints)))
+    result = launch.run_python(path, "--num-gpus", "2", *QUICK, "--data-dir", stand_in,
+                               "--master-port", str(launch.free_port()), timeout=240,
+                               env={"PYTHONPATH": str(site), "DDP_LAB_PROBE_DIR": str(weights)})
+    assert result.returncode == 0 and not result.timed_out, result.output
+    assert not result.leftover, "processes were left running"
+
+    pattern = re.compile(EPOCH_LINES[path.stem])
+    assert len(pattern.findall(result.stdout)) == 1, f"expected one epoch line:\n{result.output}"
+    printed = [json.loads(line) for f in sorted(prints.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    epoch_lines = [(p["rank"], m) for p in printed if (m := pattern.search(p["text"]))]
+    assert [rank for rank, _ in epoch_lines] == [0], f"epoch lines by ranks {[r for r, _ in epoch_lines]}"
+    line = epoch_lines[0][1]
+    assert int(line["epoch"]) == 1, line.group(0)
+
+    # Both ranks hold one model (parameters; BatchNorm's running statistics are each rank's own).
+    rank0, rank1 = (torch.load(weights / f"rank{r}.pt") for r in (0, 1))
+    parameters = [k for k in rank0 if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert all(torch.equal(rank0[k], rank1[k]) for k in parameters), "the ranks hold different models"
+
+    # The images/sec of both ranks summed: the whole training set over the epoch time.
+    epoch_time, images_per_sec = float(line["epoch_time"]), float(line["images_per_sec"])
+    slack = 0.05 + half_unit(line["epoch_time"]) / epoch_time
+    assert images_per_sec == pytest.approx(TRAIN_SIZE / epoch_time, rel=slack), line.group(0)
+
+    # The metrics of the whole validation set, each image counted once.
+    loss, accuracy = whole_set_metrics(path, rank0, stand_in)
+    scale = 100.0 if path.stem in PERCENT_ACCURACY else 1.0
+    assert float(line["loss"]) == pytest.approx(loss, abs=half_unit(line["loss"]) + 2e-4), (line.group(0), loss)
+    assert float(line["accuracy"]) / scale == pytest.approx(
+        accuracy, abs=half_unit(line["accuracy"]) / scale + 1.5e-4), (line.group(0), accuracy)
+
+
+def failures(results: list[checks.Result]) -> list[str]:
+    """Every verdict that is not what a correct script gets on this machine."""
+    sync_bn = True if api.gpu_count() >= 2 else None  # the Optional step needs 2 GPUs: n/a on a CPU
+    return [f"Step {r.step} {r.status}: {r.observed}" for r in results
+            if r.passed is not (sync_bn if r.step == "optional" else True)]
+
+
+@pytest.mark.parametrize("path", STYLES, ids=style_id)
+def test_checker_passes_every_step(path: Path) -> None:
+    results = api.check_steps(None, path, quiet=True)
+    assert [r.step for r in results] == checks.STEPS
+    assert not failures(results), "\n".join(failures(results))
+
+
+def hidden_layouts() -> dict[str, tuple[list[str], course.Layout]]:
+    """The graders' hidden tests (autograde/course.py), by layout: the steps each layout checks
+    (today Steps 4, 6, 8 and 9 with 3 processes on one node, Step 5 with 3 nodes of one process)."""
+    layouts: dict[str, tuple[list[str], course.Layout]] = {}
+    for step, extra in course.HIDDEN_TESTS.items():
+        for layout in extra:
+            name = f"{layout.nodes}x{layout.procs_per_node}"
+            layouts.setdefault(name, ([], layout))[0].append(step)
+    return layouts
+
+
+HIDDEN = hidden_layouts()
+
+
+@pytest.mark.parametrize("layout", list(HIDDEN))
+@pytest.mark.parametrize("path", STYLES, ids=style_id)
+def test_checker_passes_the_hidden_layouts(path: Path, layout: str) -> None:
+    steps, where = HIDDEN[layout]
+    results = api.check_steps(steps, path, procs_per_node=where.procs_per_node, nodes=where.nodes, quiet=True)
+    assert not failures(results), "\n".join(failures(results))

@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import time
+import weakref
 from types import FrameType
 from typing import Any, Callable
 
@@ -40,7 +41,10 @@ COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "al
 
 _trace_dir = ""
 _script = ""
-_ddp: list[Any] = []          # the DDP model(s) made in this process
+# The DDP model(s) made in this process, held weakly: a DDP model kept alive until the
+# interpreter shuts down outlives its process group, and gloo then aborts the process
+# ("terminate called without an active exception"; SIGABRT in 1 of 3 runs).
+_ddp: list["weakref.ref[Any]"] = []
 _val_datasets: set[int] = set()  # ids of validation data sets
 _eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}
 
@@ -157,10 +161,11 @@ def _patch_distributed() -> None:
 
 def record_parameters(when: str = "end") -> None:
     """A fingerprint of the DDP model's parameters (every rank must have the same one)."""
-    if not _ddp:
+    alive = [m for ref in _ddp if (m := ref()) is not None]
+    if not alive:
         return
     digest = hashlib.sha1()
-    for p in _ddp[-1].module.parameters():
+    for p in alive[-1].module.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     emit("parameters", sha1=digest.hexdigest(), when=when)
 
@@ -265,18 +270,22 @@ def _patch_data_loading() -> None:
             record_parameters("validation")  # after an epoch's training, before evaluating
             _eval_capture.update(active=True, logits=[], labels=[])
         batches = samples = 0
-        for batch in original_loader_iter(self):
-            batches += 1
-            if isinstance(batch, (list, tuple)) and len(batch) == 2:
-                samples += len(batch[1])
-                if validation:
-                    _eval_capture["labels"].append(batch[1].detach().cpu())
-            yield batch
-        fields: dict[str, Any] = {}
-        if validation:
-            _eval_capture["active"] = False
-            fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
-        emit("loader_end", loader=id(self), batches=batches, samples=samples, **fields)
+        try:
+            for batch in original_loader_iter(self):
+                batches += 1
+                if isinstance(batch, (list, tuple)) and len(batch) == 2:
+                    samples += len(batch[1])
+                    if validation:
+                        _eval_capture["labels"].append(batch[1].detach().cpu())
+                yield batch
+        finally:
+            # also when the script leaves the loop early (break, return) and the generator
+            # is closed: what it evaluated so far is still its validation output
+            fields: dict[str, Any] = {}
+            if validation:
+                _eval_capture["active"] = False
+                fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
+            emit("loader_end", loader=id(self), batches=batches, samples=samples, **fields)
 
     DataLoader.__init__ = loader_init  # type: ignore[method-assign]
     DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
@@ -328,7 +337,7 @@ def _patch_models() -> None:
              batchnorms=sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()),
              sync_batchnorms=sum(isinstance(m, nn.SyncBatchNorm) for m in module.modules()))
         original_init(self, module, *args, **kwargs)
-        _ddp.append(self)
+        _ddp.append(weakref.ref(self))
         module.register_forward_hook(_capture_logits)
 
     DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
@@ -336,7 +345,7 @@ def _patch_models() -> None:
     original_to = nn.Module.to
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if any(self is d or self is d.module for d in _ddp):
+        if any(d is not None and (self is d or self is d.module) for d in (ref() for ref in _ddp)):
             emit("moved_after_wrap", to=repr(args[0] if args else kwargs))
         return original_to(self, *args, **kwargs)
 

@@ -125,9 +125,12 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
     for step, result in verdicts.items():
         affected = {name: cause for name, cause in outside.items() if name in checks.RUNS.get(step, [])}
+        if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
+            affected = affected or outside
         if affected and result.passed is False:
             verdicts[step] = _checker_error(result, affected)
-    kept = {step: r for step, r in verdicts.items() if not set(checks.RUNS.get(step, [])) & set(outside)}
+    kept = {step: r for step, r in verdicts.items()
+            if not set(checks.RUNS.get(step, [])) & set(outside) and not r.checker_error}
     cache.save(path, procs_per_node, nodes, layout, {**known, **kept})
     return [verdicts[step] for step in wanted]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autograde import output, traces
+from autograde import output, runs, traces
 from autograde.runs import Run, Workspace
 
 STEPS = ["0", "1", "2", "3", "4", "5", "6", "6.5", "optional", "7", "8", "9", "10"]
@@ -165,16 +165,20 @@ def _by_child(ws: Workspace) -> list[tuple[dict, traces.ProcessTrace]]:
 
 
 def check_3(ws: Workspace) -> str:
-    """The training runs inside worker(local_rank, args): called in each process, it trains."""
+    """The training runs inside the function each process is given (worker(local_rank, args),
+    or whatever the script's own mp.spawn names): called in each process, it trains."""
     children = _by_child(ws)
+    names = set()
     for child, trace in children:
-        require(trace.named("worker_start"), ws.workers.problem() or "worker did not start", "3",
+        started = trace.named("worker_start")
+        require(started, ws.workers.problem() or "worker did not start", "3",
                 "define worker(local_rank, args)")
+        name = f"{started[0].get('fn', 'worker')}(local_rank, ...)"
+        names.add(name)
         finished = trace.named("worker_done")
         require(not finished or finished[0]["optimizer_steps"] > 0,
-                "worker(local_rank, args) returned without training", "3",
-                "move the training into worker(local_rank, args)")
-    return f"worker(local_rank, args) runs the training in each of {len(children)} processes"
+                f"{name} returned without training", "3", f"move the training into {name}")
+    return f"{' / '.join(sorted(names)) or 'worker'} runs the training in each of {len(children)} processes"
 
 
 def check_4(ws: Workspace) -> str:
@@ -338,11 +342,12 @@ def _shards(trace: traces.ProcessTrace, sampler: int) -> list[list[int]]:
 
 def check_6(ws: Workspace) -> str:
     """Both loaders draw from a DistributedSampler over the world: in every epoch the ranks'
-    training indices are disjoint and cover the data set (up to the sampler's padding),
-    and validation is split the same way."""
+    training indices are disjoint and cover the data set (up to the sampler's padding, or
+    less the remainder a drop_last sampler leaves out), and validation is split the same way."""
     ranks = ws.workers.ranks()
     evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "6")
-    sizes = {}
+    sizes: dict[bool, int] = {}
+    dropping: dict[bool, bool] = {}
     for rank, trace in sorted(ranks.items()):
         for train, name in ((True, "training"), (False, "validation")):
             loader = _loader(ws, rank, trace, train, "6")
@@ -354,6 +359,7 @@ def check_6(ws: Workspace) -> str:
                     f"rank {rank}'s {name} sampler has num_replicas={sampler['num_replicas']}, "
                     f"rank={sampler['sampler_rank']}", "6", "num_replicas=world size, rank=global rank")
             sizes[train] = sampler["size"]
+            dropping[train] = bool(sampler["drop_last"])
     for train, name in ((True, "training"), (False, "validation")):
         samplers = [(t, _iterated_loaders(t)[train]["sampler"]) for _, t in sorted(ranks.items())]
         per_rank = [_shards(t, sampler) for t, sampler in samplers]
@@ -366,7 +372,13 @@ def check_6(ws: Workspace) -> str:
             shards = [s[epoch] for s in per_rank]
             total = sum(len(s) for s in shards)
             covered = set().union(*map(set, shards))
-            require(covered == set(range(sizes[train])) and total - len(covered) < ws.world_size,
+            # drop_last=True leaves out the data set's remainder after dividing by the world
+            # size (never more than world size - 1 images); without it the sampler pads.
+            size = sizes[train]
+            whole = covered <= set(range(size)) and (
+                len(covered) == total == size - size % ws.world_size if dropping[train]
+                else len(covered) == size and total - len(covered) < ws.world_size)
+            require(whole,
                     f"in epoch {epoch + 1} the ranks' {name} shards overlap or miss images "
                     f"({len(covered)} of {sizes[train]} covered by {total} draws)", "6",
                     "every rank's sampler must use the same world size and its own rank")
@@ -645,6 +657,10 @@ def check(ws: Workspace, step: str) -> Result:
             return Result(step, False, f"{_with_problems(ws, step, failure.observed)} (Step {earlier.step} is not "
                           f"right yet either: {earlier.observed})", earlier.hint, earlier=earlier.step)
         return Result(step, False, _with_problems(ws, step, failure.observed), failure.hint)
+    except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
+        return Result(step, False, f"the checker could not judge this step: {err}. This is the checker's "
+                      "problem, not your script's", "run the check again with fresh=True (or --fresh)",
+                      checker_error=True)
     except Exception as err:  # a bug in the check itself, unless a run it reads went wrong first
         problems = [p for name in RUNS.get(step, []) if (run := ws.made().get(name)) and (p := run.problem())]
         if problems:

@@ -311,7 +311,8 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
         _import_as_mp_main(script, node.argv)
         assert node.payload is not None
         fn, args = pickle.loads(node.payload)
-        tracer.emit("worker_start", local_rank=local_rank, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        tracer.emit("worker_start", local_rank=local_rank, fn=getattr(fn, "__qualname__", repr(fn)),
+                    visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
         fn(local_rank, *args)
         tracer.record_parameters()
         tracer.emit("worker_done", optimizer_steps=tracer.optimizer_steps())

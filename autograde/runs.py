@@ -112,6 +112,11 @@ def short(text: str, limit: int = 300) -> str:
     return (errors[-1] if errors else lines[-1])[:limit]
 
 
+class Abandoned(Exception):
+    """A run was not made: an earlier run of the same set ended for a reason outside the script,
+    so the whole set is made again."""
+
+
 class Workspace:
     """A temporary folder with stand-in data, and the runs of one script in it (each made once)."""
 
@@ -182,6 +187,9 @@ class Workspace:
                 gpus: list[str] | None = None) -> tuple[list[launch.Result], bool]:
         """Start the commands together (command i sees GPUs gpus[i], all of them the CPU when None);
         stop them all at a deadlock or the time limit."""
+        spoilt = [f"the {run.name}: {cause}" for run in self.made().values() if (cause := run.outside_cause())]
+        if spoilt:  # these runs will all be made again: making more now would only cost time
+            raise Abandoned(f"{spoilt[0]}, so the {name} was not made")
         started = time.monotonic()
         if self.say:
             self.say(f"running the {name}: {self._describe(name, len(commands))} ...")

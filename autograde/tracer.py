@@ -43,7 +43,7 @@ _trace_dir = ""
 _script = ""
 # The DDP model(s) made in this process, held weakly: a DDP model kept alive until the
 # interpreter shuts down outlives its process group, and gloo then aborts the process
-# ("terminate called without an active exception"; SIGABRT in 1 of 3 runs).
+# ("terminate called without an active exception"; SIGABRT in 4 of 12 runs).
 _ddp: list["weakref.ref[Any]"] = []
 _val_datasets: set[int] = set()  # ids of validation data sets
 _eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}

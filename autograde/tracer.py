@@ -270,6 +270,7 @@ def _patch_data_loading() -> None:
             record_parameters("validation")  # after an epoch's training, before evaluating
             _eval_capture.update(active=True, logits=[], labels=[])
         batches = samples = 0
+        exhausted = False
         try:
             for batch in original_loader_iter(self):
                 batches += 1
@@ -278,14 +279,19 @@ def _patch_data_loading() -> None:
                     if validation:
                         _eval_capture["labels"].append(batch[1].detach().cpu())
                 yield batch
+            exhausted = True
         finally:
-            # also when the script leaves the loop early (break, return) and the generator
-            # is closed: what it evaluated so far is still its validation output
-            fields: dict[str, Any] = {}
-            if validation:
-                _eval_capture["active"] = False
-                fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
-            emit("loader_end", loader=id(self), batches=batches, samples=samples, **fields)
+            # A validation loop may also end early (a break past the padded images): what it
+            # evaluated is still its output. A training loop left early (an error, say) did not end.
+            if exhausted or validation:
+                _loader_end(self, validation, batches, samples)
+
+    def _loader_end(self: Any, validation: bool, batches: int, samples: int) -> None:
+        fields: dict[str, Any] = {}
+        if validation:
+            _eval_capture["active"] = False
+            fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
+        emit("loader_end", loader=id(self), batches=batches, samples=samples, **fields)
 
     DataLoader.__init__ = loader_init  # type: ignore[method-assign]
     DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]

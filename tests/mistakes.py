@@ -1,10 +1,12 @@
 """Typical learner mistakes: each the finished solution with one thing done wrong.
 
-Each names the step whose check must fail and words its verdict must contain.
+Each names the step whose check must fail and words its verdict must contain. The same
+mistakes are also made in a second style, the original vendor lab's (tests/styles/original_lab.py:
+module-level argparse and WORLD_SIZE, its own names and epoch line): ORIGINAL_LAB_MISTAKES.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -97,3 +99,51 @@ GPU_MISTAKES = [
                                         "    if torch.cuda.is_available():\n        torch.cuda.set_device(local_rank)\n",
                                         "    rank = args.node_id * args.num_gpus + local_rank\n"),), "set_device"),
 ]
+
+
+# The catalogue's mistakes made in the original lab's style: the same step and words, its own edits.
+_SAMPLERS = ("    train_loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, shuffle=False,\n"
+             "                                               sampler=train_sampler)\n"
+             "    test_loader = torch.utils.data.DataLoader(test_set, batch_size=args.batch_size, shuffle=False,\n"
+             "                                              sampler=test_sampler)\n")
+_EPOCH_BARRIER = "        dist.barrier()\n        epoch_time = time.time() - t0\n"
+_SPAWN = "mp.spawn(worker, nprocs=args.num_gpus, args=(args,))"
+ORIGINAL_LAB_EDITS: dict[str, tuple[tuple[str, str], ...]] = {
+    "no_master_port": (("os.environ['MASTER_PORT'] = str(args.master_port)\n", ""),),
+    "world_size_missing": (("WORLD_SIZE = args.num_gpus * args.num_nodes\n", "WORLD_SIZE = args.num_gpus\n"),),
+    "rank_is_local_rank": (("    global_rank = args.node_id * args.num_gpus + local_rank\n",
+                            "    global_rank = local_rank\n"),),
+    "nccl_on_cpu": (("        backend = 'gloo'\n", "        backend = 'nccl'\n"),),
+    "download_on_every_rank": (("    download = True if local_rank == 0 else False\n", "    download = True\n"),),
+    "no_barrier_after_download": (("    dist.barrier()\n    if local_rank != 0:\n", "    if local_rank != 0:\n"),),
+    "download_barrier_inside_if": (("transform=transform)\n    dist.barrier()\n    if local_rank != 0:\n",
+                                    "transform=transform)\n        dist.barrier()\n    if local_rank != 0:\n"),),
+    "samplers_not_given_to_loaders": ((_SAMPLERS, _SAMPLERS.replace(
+        "shuffle=False,\n                                               sampler=train_sampler)", "shuffle=True)").replace(
+        ",\n                                              sampler=test_sampler)", ")")),),
+    "sampler_rank_is_local_rank": (("DistributedSampler(train_set, num_replicas=WORLD_SIZE, rank=global_rank)",
+                                    "DistributedSampler(train_set, num_replicas=WORLD_SIZE, rank=local_rank)"),),
+    "no_set_epoch": (("        train_sampler.set_epoch(epoch)\n", ""),),
+    "set_epoch_constant": (("        train_sampler.set_epoch(epoch)\n", "        train_sampler.set_epoch(0)\n"),),
+    "set_epoch_differs_by_rank": (("        train_sampler.set_epoch(epoch)\n",
+                                   "        train_sampler.set_epoch(epoch + global_rank)\n"),),
+    "wrapped_before_moved": (("widen_factor=args.widen_factor).to(device)\n", "widen_factor=args.widen_factor)\n"),
+                             ("        model = DDP(model)\n", "        model = DDP(model).to(device)\n")),
+    "no_ddp": (("    if torch.cuda.is_available():\n        model = DDP(model, device_ids=[local_rank])\n"
+                "    else:\n        model = DDP(model)\n", ""),),
+    "no_epoch_barrier": ((_EPOCH_BARRIER, "        epoch_time = time.time() - t0\n"),),
+    "epoch_barrier_on_rank_0_only": ((_EPOCH_BARRIER, "        if global_rank == 0:\n            dist.barrier()\n"
+                                      "        epoch_time = time.time() - t0\n"),),
+    "images_per_sec_not_reduced": (("        dist.reduce(images_per_sec, 0, op=dist.ReduceOp.SUM)\n", ""),),
+    "metrics_summed_not_divided": (("(v_loss_total / v_labels).item()", "(v_loss_total / v_labels * WORLD_SIZE).item()"),
+                                   ("(v_correct / v_labels).item()", "(v_correct / v_labels * WORLD_SIZE).item()")),
+    "metrics_not_reduced": (("        dist.all_reduce(v_loss_total, op=dist.ReduceOp.SUM)\n"
+                             "        dist.all_reduce(v_correct, op=dist.ReduceOp.SUM)\n"
+                             "        dist.all_reduce(v_labels, op=dist.ReduceOp.SUM)\n", ""),),
+    "every_rank_prints": (("        if global_rank == 0:\n            print(\"Epoch", "        if True:\n            print(\"Epoch"),),
+    "early_stop_on_rank_0_only": (("        if len(val_accuracy) >= args.patience and all(",
+                                   "        if global_rank == 0 and len(val_accuracy) >= args.patience and all("),),
+    "spawn_wrong_nprocs": ((_SPAWN, _SPAWN.replace("nprocs=args.num_gpus", "nprocs=1")),),
+    "spawn_without_main_guard": ((f"if __name__ == '__main__':\n    {_SPAWN}", _SPAWN),),
+}
+ORIGINAL_LAB_MISTAKES = [replace(m, edits=ORIGINAL_LAB_EDITS[m.name]) for m in MISTAKES]

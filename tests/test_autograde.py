@@ -9,7 +9,7 @@ import pytest
 
 from autograde import api, cache, checks, devices, launch
 from conftest import ROOT, SOLUTION, STARTER, snapshot
-from mistakes import MISTAKES, Mistake
+from mistakes import MISTAKES, ORIGINAL_LAB_MISTAKES, Mistake
 
 # How far each file of the lab gets: all steps up to its own, and not the next one.
 ORDER = [s for s in checks.STEPS if s != "optional"]
@@ -44,10 +44,18 @@ def test_finished_solution_passes_everything_from_the_command_line() -> None:
     assert verdicts == {**{s: "pass" for s in ORDER}, "optional": "n/a"}
 
 
-@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
-def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistake, tmp_path: Path) -> None:
+ORIGINAL_LAB = ROOT / "tests" / "styles" / "original_lab.py"
+IN_TWO_STYLES = [(SOLUTION, m) for m in MISTAKES] + [(ORIGINAL_LAB, m) for m in ORIGINAL_LAB_MISTAKES]
+
+
+@pytest.mark.parametrize(("correct", "mistake"), IN_TWO_STYLES,
+                         ids=[f"{'lab' if c == SOLUTION else 'original'}-{m.name}" for c, m in IN_TWO_STYLES])
+def test_a_typical_mistake_fails_its_step_with_the_right_message(correct: Path, mistake: Mistake,
+                                                                  tmp_path: Path) -> None:
+    """The mistake, made in the lab's solution or in the original lab's style, fails its own step
+    with the right words, and not because of an earlier step (unless it really breaks one)."""
     script = tmp_path / "fashion_mnist.py"
-    script.write_text(mistake.apply(SOLUTION.read_text()))
+    script.write_text(mistake.apply(correct.read_text()))
     started = time.monotonic()
     results = {r.step: r for r in api.check_steps([mistake.step], script)}
     verdict = results[mistake.step]

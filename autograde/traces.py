@@ -41,6 +41,15 @@ class ProcessTrace:
                 open_calls.pop()
         return open_calls[-1] if open_calls else None
 
+    def last_seen(self) -> str:
+        """What the process did last, for a stall outside any collective: `dist.barrier() returned`."""
+        if not self.events:
+            return "nothing traced"
+        e = self.events[-1]
+        if e["ev"] in ("enter", "exit"):
+            return f"{where(e)} {'entered' if e['ev'] == 'enter' else 'returned'}"
+        return e["ev"].replace("_", " ")
+
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"process {self.pid}"
 

@@ -30,8 +30,8 @@ help:
 	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
-	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (autograde/release/)"
-	@echo "make grade           instructors: autograde autograde/submitted/, feedback, autograde/grades.csv, scores"
+	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
+	@echo "make grade           instructors: autograde grading/submitted/, feedback, grading/grades.csv, scores"
 	@echo "make release-exchange / collect / return-feedback   instructors: through nbgrader's exchange (EXCHANGE=dir)"
 	@echo "make learner-mode    nbgrader's instructor extensions off, the default (make instructor-mode: on)"
 
@@ -68,7 +68,7 @@ test-notebooks: setup
 	$(PY) -m pytest tests/test_notebooks.py
 
 run: setup
-	$(PY) -m autograde.run --data-dir $(DATA_DIR) --synthetic-dir $(SYNTHETIC_DIR) -- $(ARGS)
+	$(PY) -m autograde.tools.run --data-dir $(DATA_DIR) --synthetic-dir $(SYNTHETIC_DIR) -- $(ARGS)
 
 STEP ?= all
 SCRIPT ?= fashion_mnist.py
@@ -76,14 +76,14 @@ check: setup
 	$(PY) -m autograde check $(if $(filter all,$(STEP)),--all,--step $(STEP)) --script $(SCRIPT)
 
 bench: setup
-	$(PY) -m autograde.bench
+	$(PY) -m autograde.tools.bench
 
 # On a GPU node: prove the GPU path (training on every GPU and on one, the checker, notebooks with
 # quick mode off) and write docs/gpu-report.md. Says so in one line where there is no GPU.
 # `make gpu-check PY=python3` uses an interpreter that already has torch, without creating .venv.
 .PHONY: gpu-check
 gpu-check: $(if $(findstring $(VENV)/,$(PY)),setup)
-	$(PY) -m autograde.gpu_check $(GPU_CHECK_ARGS)
+	$(PY) -m autograde.tools.gpu_check $(GPU_CHECK_ARGS)
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)
@@ -92,7 +92,7 @@ synthetic-data: setup
 	$(PY) -m autograde.data synthetic --root $(SYNTHETIC_DIR)
 
 # The nbgrader course (README, Instructors). FROM: the commit to release (default HEAD; FROM=files: the
-# files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course.py:
+# files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course/__init__.py:
 # /usr/local/share/nbgrader/exchange). NBGRADER_ARGS: more options for nbgrader's exchange commands.
 FROM ?=
 EXCHANGE ?=

@@ -55,14 +55,16 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def start(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
-          env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
-    """Start `cmd` in a new session (its own process group), output captured as text.
+          env: Mapping[str, str] | None = None, merge_stderr: bool = False) -> subprocess.Popen[str]:
+    """Start `cmd` in a new session (its own process group), output captured as text (stderr
+    into stdout with `merge_stderr`, for output read line by line as it comes).
 
     The command gets Ctrl-C's default disposition whatever this process inherited: started from
     a background job (`nohup make test &`), SIGINT would be ignored, and Python would then never
     raise KeyboardInterrupt in the script."""
     return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=child_env(env), text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                             start_new_session=True, preexec_fn=_default_sigint)
 
 

@@ -29,7 +29,7 @@ QUICK = ["--widen-factor", "1", "--batch-size", "64", "--epochs", "1"]
 
 @pytest.fixture(scope="session", autouse=True)
 def fresh_verdicts(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Check verdicts are cached on disk (autograde/cache.py): every test session starts empty,
+    """Check verdicts are cached on disk (autograde/checker/cache.py): every test session starts empty,
     so that no verdict comes from an earlier session's runs."""
     os.environ["DDP_LAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("verdicts"))
 

@@ -7,33 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from autograde import api, cache, checks, devices, launch
-from conftest import ROOT, SOLUTION, STARTER, snapshot
+from autograde.checker import api, cache, devices
+from autograde import registry
+from autograde.checker.verdicts import Result
+from autograde import launch
+from conftest import ROOT, SOLUTION, STARTER
 from mistakes import MISTAKES, ORIGINAL_LAB_MISTAKES, Mistake
 
 # How far each file of the lab gets: all steps up to its own, and not the next one.
-ORDER = [s for s in checks.STEPS if s != "optional"]
-PASSES_THROUGH = {"starter": None, **{f"after_step_{n}": str(n) for n in range(10)}}
-
-
-def expected_verdicts(last: str | None) -> dict[str, bool]:
-    """Steps up to `last` pass; the step after it fails (6.5 comes with 6)."""
-    done = ORDER[:ORDER.index(last) + 1] if last else []
-    if last == "6":
-        done.append("6.5")
-    following = next(s for s in ORDER if s not in done)
-    return {**{s: True for s in done}, following: False}
-
-
-@pytest.mark.parametrize("name", list(PASSES_THROUGH))
-def test_each_lab_file_passes_its_steps_and_fails_the_next(name: str) -> None:
-    script = STARTER if name == "starter" else snapshot(int(name.rsplit("_", 1)[1]))
-    expected = expected_verdicts(PASSES_THROUGH[name])
-    results = {r.step: r for r in api.check_steps(list(expected), script)}
-    for step, passes in expected.items():
-        assert results[step].passed is passes, f"Step {step}: {results[step].observed}"
-    failing = next(r for r in results.values() if not r.passed)
-    assert failing.hint and f"Step {failing.step}" in failing.hint
+ORDER = [s for s in registry.STEPS if s != "optional"]
+# The starter and each checkpoint passing its steps and failing the next: on recorded runs, in
+# tests/test_checks_recorded.py. Launched here: the solution (every kind of run), the mistakes.
 
 
 def test_finished_solution_passes_everything_from_the_command_line() -> None:
@@ -143,7 +127,7 @@ def test_verdicts_are_reused_for_the_same_file_and_redone_after_an_edit(tmp_path
 
 
 def test_a_failing_verdict_renders_without_the_checkers_frames() -> None:
-    failure = api.CheckFailed(checks.Result("6.5", False, "rank 0's training sampler had epoch 0 in every epoch",
+    failure = api.CheckFailed(Result("6.5", False, "rank 0's training sampler had epoch 0 in every epoch",
                                             "see `# TODO Step 6.5`: call train_sampler.set_epoch(epoch)"))
     shown = "\n".join(failure._render_traceback_())  # what IPython (and nbgrader's feedback) shows
     assert "Step 6.5 FAIL" in shown and "epoch 0 in every epoch" in shown and "hint: see `# TODO Step 6.5`" in shown
@@ -152,9 +136,9 @@ def test_a_failing_verdict_renders_without_the_checkers_frames() -> None:
 
 
 def test_the_progress_table_names_the_next_step_and_its_hint_once() -> None:
-    results = [checks.Result("0", True, "imports torch.distributed"),
-               checks.Result("1", False, "the script has no --num-nodes option", "see `# TODO Step 1`: add it"),
-               checks.Result("2", False, "MASTER_ADDR is not set (Step 1 is not right yet either: ...)",
+    results = [Result("0", True, "imports torch.distributed"),
+               Result("1", False, "the script has no --num-nodes option", "see `# TODO Step 1`: add it"),
+               Result("2", False, "MASTER_ADDR is not set (Step 1 is not right yet either: ...)",
                              "see `# TODO Step 1`: add it", earlier="1")]
     table = api.progress_table(results)
     assert table.count("<tr>") == 4 and "needs Step 1 first" in table and "is not right yet" not in table

@@ -1,6 +1,6 @@
 """The nbgrader course without the exchange (tests/test_exchange.py goes through it, grading the
 finished solution and the starter): the grade cells and their points, the hidden tests kept in
-autograde/course.py and added only to the source assignment, releases built from a commit,
+autograde/course/ and added only to the source assignment, releases built from a commit,
 `make grade`'s log, and a submission copied straight into submitted/ (files handed in on a
 learning platform): a script done through Step 5 gets Steps 0-5's points."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from autograde import course, launch
+from autograde import course, launch, registry
 from conftest import ROOT, snapshot
 
-POINTS = {"0": 1, "1": 1, "2": 1, "3": 1, "4": 2, "5": 2, "6": 2, "6.5": 1, "7": 2, "8": 2, "9": 2, "10": 3}
+POINTS = {item.id: item.points for item in registry.ITEMS if item.graded}
 STUDENT, SCRIPT = "through_step_5", snapshot(5)
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torchvision.datasets import FashionMNIST
 
-from autograde import data, launch, output
+from autograde import data, launch
+from autograde.checker import output
 from conftest import STARTER, assert_clean_error
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autograde import devices, traces
-
+from autograde.checker import devices, traces
 LAYOUTS = [(2, 2), (3, 1), (1, 3)]  # (processes per node, nodes): the default and the hidden tests'
 
 
@@ -46,7 +45,7 @@ def test_a_plan_reads_as_devices() -> None:
 def test_each_simulated_node_sees_only_its_own_gpus() -> None:
     """The workers run's plumbing, on a machine without GPUs: planned for 4 GPUs, each node's
     processes start with that node's CUDA_VISIBLE_DEVICES (what a learner's cuda:local_rank reads)."""
-    from autograde.runs import Workspace
+    from autograde.checker.runs import Workspace
     from conftest import SOLUTION
 
     with Workspace(SOLUTION, procs_per_node=2, nodes=2, gpus=4) as ws:
@@ -61,20 +60,20 @@ def _trace(*events: dict) -> traces.ProcessTrace:
 
 def test_the_gpu_criteria_read_set_device_nccl_and_the_models_device() -> None:
     """Steps 4 and 7's GPU-only criteria, on recorded events (a GPU run cannot happen here)."""
-    from autograde import checks
-
+    from autograde.checks import lab as checks
+    from autograde.checker.verdicts import Failed
     init = [{"ev": "enter", "call": "init_process_group"},
             {"ev": "exit", "call": "init_process_group", "backend": "nccl", "rank_joined": 3}]
     checks._pinned_before_group(3, 1, _trace({"ev": "set_device", "device": "1"}, *init))
     for wrong, words in (([], "did not call torch.cuda.set_device(1)"),
                          ([{"ev": "set_device", "device": "cuda:0"}], "it set cuda:0")):
-        with pytest.raises(checks.Failed, match=words.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(Failed, match=words.replace("(", r"\(").replace(")", r"\)")):
             checks._pinned_before_group(3, 1, _trace(*wrong, *init))
     late = _trace(*init, {"ev": "set_device", "device": "1"})  # pinned only after the group started
-    with pytest.raises(checks.Failed, match="before init_process_group"):
+    with pytest.raises(Failed, match="before init_process_group"):
         checks._pinned_before_group(3, 1, late)
     checks._model_on_own_gpu(3, 1, _trace({"ev": "ddp", "parameter_device": "cuda:1", "device_ids": [1]}))
-    with pytest.raises(checks.Failed, match="expected cuda:1"):
+    with pytest.raises(Failed, match="expected cuda:1"):
         checks._model_on_own_gpu(3, 1, _trace({"ev": "ddp", "parameter_device": "cuda:0", "device_ids": [1]}))
-    with pytest.raises(checks.Failed, match="device_ids"):
+    with pytest.raises(Failed, match="device_ids"):
         checks._model_on_own_gpu(3, 1, _trace({"ev": "ddp", "parameter_device": "cuda:1", "device_ids": None}))

@@ -23,11 +23,11 @@ import pytest
 from nbgrader.validator import Validator
 from traitlets.config import Config
 
-from autograde import course, launch
+from autograde import course, launch, registry
 from conftest import ROOT, SOLUTION, STARTER
 
 LEARNERS = {"alice": SOLUTION, "bob": STARTER}
-POINTS = 20
+POINTS = sum(item.points for item in registry.ITEMS if item.part == course.ASSIGNMENT)
 
 
 def make(target: str, course_dir: Path, timeout: float, **variables: str) -> str:

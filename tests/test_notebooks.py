@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 
 from autograde import launch
-from autograde.notebooks import learner_copy, nbval
+from autograde.tools.nbval_runner import learner_copy, nbval
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -31,7 +31,7 @@ def test_notebooks_are_stored_without_outputs() -> None:
 def test_a_failing_or_hanging_launch_fails_its_cell(tmp_path: Path) -> None:
     """What `!cmd` would not do: a launch that fails, or runs out of time, fails the notebook."""
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde import lab"),
+    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde.notebook import lab"),
                       nbformat.v4.new_code_cell("lab.run([sys.executable, '-c', 'import sys; sys.exit(3)'])"),
                       nbformat.v4.new_code_cell("lab.run(['sleep', '60'], timeout=2)"),
                       nbformat.v4.new_code_cell("print(lab.run([sys.executable, '-c', 'print(6 * 7)']))")]

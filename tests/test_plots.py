@@ -12,8 +12,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from torch.utils.data import DistributedSampler
 
-from autograde import plots
-from autograde.output import Epoch
+from autograde.notebook import plots
+from autograde.checker.output import Epoch
 
 
 def texts(fig: Figure) -> list[str]:

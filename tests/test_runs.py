@@ -1,8 +1,9 @@
 """How a run's ending is told, on recorded traces (no launch: these are the words, not the runs)."""
 from __future__ import annotations
 
-from autograde import launch, traces
-from autograde.runs import Run
+from autograde import launch
+from autograde.checker import traces
+from autograde.checker.runs import Run
 
 
 def _trace(pid: int, *events: dict) -> traces.ProcessTrace:

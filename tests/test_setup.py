@@ -8,7 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from autograde import data, launch, output
+from autograde import data, launch
+from autograde.checker import output
 from conftest import ROOT
 
 
@@ -30,7 +31,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def make_run(data_dir: Path, synthetic_dir: Path) -> launch.Result:
-    return launch.run([launch.PYTHON, "-m", "autograde.run", "--data-dir", data_dir, "--synthetic-dir", synthetic_dir,
+    return launch.run([launch.PYTHON, "-m", "autograde.tools.run", "--data-dir", data_dir, "--synthetic-dir", synthetic_dir,
                        "--synthetic-size", "640", "301", "--", "--epochs", "1", "--batch-size", "64",
                        "--master-port", str(launch.free_port())], timeout=240, cwd=ROOT)
 

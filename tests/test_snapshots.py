@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde import launch, output
+from autograde import launch, registry
+from autograde.checker import output
 from conftest import QUICK, SOLUTION, STARTER, TRAIN_SIZE, probe_env, reference_metrics, snapshot
 
 STEPS = list(range(11))
@@ -16,8 +17,10 @@ MARKER = re.compile(r"#\s*(?:TODO\s+)?(?:Step\s+(\d+(?:\.5)?)|(Optional))\b")
 
 
 def step_labels(step: int) -> set[str]:
-    """The markers whose edits belong to `step`'s snapshot (6.5 goes with 6, Optional with 7)."""
-    return {str(step)} | ({"6.5"} if step == 6 else set()) | ({"Optional"} if step == 7 else set())
+    """The markers whose edits belong to `step`'s snapshot: the items whose checkpoint it is (the
+    registry puts 6.5 with 6, Optional with 7)."""
+    return {"Optional" if item.id == "optional" else item.id for item in registry.ITEMS
+            if item.checkpoint == f"solutions/fashion_mnist_after_step_{step}.py"}
 
 
 def paragraph_markers(lines: list[str], index: int) -> set[str]:

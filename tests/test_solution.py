@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde import launch, output
+from autograde import launch
+from autograde.checker import output
 from conftest import QUICK, SOLUTION, TRAIN_SIZE, probe_env, reference_metrics
 
 TWO_EPOCHS = [*QUICK[:-1], "2"]

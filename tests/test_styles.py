@@ -24,7 +24,10 @@ import torch.nn.functional as F
 from torchvision.datasets import FashionMNIST
 from torchvision.transforms import ToTensor
 
-from autograde import api, checks, course, launch
+from autograde.checker import api
+from autograde import registry
+from autograde.checker.verdicts import Result
+from autograde import course, launch
 from conftest import PROBE, QUICK, TRAIN_SIZE
 
 STYLES_DIR = Path(__file__).resolve().parent / "styles"
@@ -169,7 +172,7 @@ def test_style_trains_for_real(path: Path, stand_in: Path, tmp_path: Path) -> No
         accuracy, abs=half_unit(line["accuracy"]) / scale + 1.5e-4), (line.group(0), accuracy)
 
 
-def failures(results: list[checks.Result]) -> list[str]:
+def failures(results: list[Result]) -> list[str]:
     """Every verdict that is not what a correct script gets on this machine."""
     sync_bn = True if api.gpu_count() >= 2 else None  # the Optional step needs 2 GPUs: n/a on a CPU
     return [f"Step {r.step} {r.status}: {r.observed}" for r in results
@@ -179,13 +182,13 @@ def failures(results: list[checks.Result]) -> list[str]:
 @pytest.mark.parametrize("path", STYLES, ids=style_id)
 def test_checker_passes_every_step(path: Path) -> None:
     results = api.check_steps(None, path, quiet=True)
-    assert [r.step for r in results] == checks.STEPS
+    assert [r.step for r in results] == registry.STEPS
     if failures(results):
         pytest.fail("\n".join(failures(results)), pytrace=False)
 
 
 def hidden_layouts() -> dict[str, tuple[list[str], course.Layout]]:
-    """The graders' hidden tests (autograde/course.py), by layout: the steps each layout checks
+    """The graders' hidden tests (autograde/course/), by layout: the steps each layout checks
     (today Steps 4, 6, 8 and 9 with 3 processes on one node, Step 5 with 3 nodes of one process)."""
     layouts: dict[str, tuple[list[str], course.Layout]] = {}
     for step, extra in course.HIDDEN_TESTS.items():

@@ -9,8 +9,11 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from autograde import cache, checks, devices
-from autograde.runs import Workspace
+from autograde.checker import cache, devices
+from autograde import paths, registry
+from autograde.checker import judge
+from autograde.checker.verdicts import Result
+from autograde.checker.runs import Workspace
 
 Step = str | int | float
 FRESH = "DDP_LAB_FRESH"  # set to 1: every check runs the script again (for graders and notebooks alike)
@@ -23,7 +26,7 @@ class CheckFailed(AssertionError):
     frames and paths say nothing to a learner. It is an AssertionError, so grading fails the cell.
     """
 
-    def __init__(self, result: checks.Result) -> None:
+    def __init__(self, result: Result) -> None:
         self.result = result
         super().__init__(f"Step {result.step}: {result.observed}" + (f". Hint: {result.hint}" if result.hint else ""))
 
@@ -46,8 +49,8 @@ def normalise(step: Step) -> str:
     text = str(step).strip().lower()
     if text.endswith(".0"):
         text = text[:-2]
-    if text not in checks.STEPS:
-        raise ValueError(f"unknown step {step!r}: choose from {', '.join(checks.STEPS)}")
+    if text not in registry.STEPS:
+        raise ValueError(f"unknown step {step!r}: choose from {', '.join(registry.STEPS)}")
     return text
 
 
@@ -72,25 +75,25 @@ def _say(text: str) -> None:
 
 
 def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus: int,
-           say: Callable[[str], None] | None) -> tuple[dict[str, checks.Result], dict[str, str]]:
+           say: Callable[[str], None] | None) -> tuple[dict[str, Result], dict[str, str]]:
     """One set of runs: the verdicts on `wanted` and on every step those runs also answer, and
     the runs that ended for a reason outside the script (by name, with the reason)."""
-    known: dict[str, checks.Result] = {}
+    known: dict[str, Result] = {}
     with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
         for step in wanted:
-            known[step] = checks.check(ws, step)
-        for step in checks.answered_by(set(ws.made())):
+            known[step] = judge.check(ws, step)
+        for step in registry.answered_by(set(ws.made())):
             if step not in known:
-                known[step] = checks.check(ws, step)
+                known[step] = judge.check(ws, step)
         outside = {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
                    if (cause := run.outside_cause()) is not None}
     return known, outside
 
 
-def _checker_error(result: checks.Result, runs: dict[str, str]) -> checks.Result:
+def _checker_error(result: Result, runs: dict[str, str]) -> Result:
     """A failing verdict that a run outside the script's control produced twice: the checker's problem."""
     causes = "; ".join(runs.values())
-    return checks.Result(result.step, False, f"the checker could not judge this step: {causes}, twice. This is "
+    return Result(result.step, False, f"the checker could not judge this step: {causes}, twice. This is "
                          "the checker's problem, not your script's",
                          "run the check again with fresh=True (or --fresh); if it happens again, please report "
                          "it to the course's maintainers with this message", checker_error=True)
@@ -98,17 +101,17 @@ def _checker_error(result: checks.Result, runs: dict[str, str]) -> checks.Result
 
 def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None = None,
                 procs_per_node: int = 2, nodes: int = 2, fresh: bool = False,
-                quiet: bool = False) -> list[checks.Result]:
+                quiet: bool = False) -> list[Result]:
     """Check the given steps (all of them if None) of `script`; one verdict per step, in lab order.
 
-    Verdicts already known for this exact file and layout are reused (see autograde/cache.py),
+    Verdicts already known for this exact file and layout are reused (see autograde/checker/cache.py),
     unless `fresh` (or $DDP_LAB_FRESH=1); the runs made for the steps asked also answer, and keep,
     every other step that reads only those runs. A run that ends for a reason outside the script
     (a signal nobody in it sent, the time limit, a port taken by another program) is made again
     once; a step it fails twice gets an ERROR verdict that blames the checker, and is not kept.
     """
-    wanted = [s for s in checks.STEPS if s in ({normalise(s) for s in steps} if steps else set(checks.STEPS))]
-    path = checks.script_path(script)
+    wanted = [s for s in registry.STEPS if s in ({normalise(s) for s in steps} if steps else set(registry.STEPS))]
+    path = paths.learner_script(script)
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}: pass script='path/to/fashion_mnist.py'")
     fresh = fresh or os.environ.get(FRESH, "") not in ("", "0")
@@ -124,13 +127,13 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
             say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
     for step, result in verdicts.items():
-        affected = {name: cause for name, cause in outside.items() if name in checks.RUNS.get(step, [])}
+        affected = {name: cause for name, cause in outside.items() if name in registry.item(step).runs}
         if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
             affected = affected or outside
         if affected and result.passed is False:
             verdicts[step] = _checker_error(result, affected)
     kept = {step: r for step, r in verdicts.items()
-            if not set(checks.RUNS.get(step, [])) & set(outside) and not r.checker_error}
+            if not set(registry.item(step).runs) & set(outside) and not r.checker_error}
     cache.save(path, procs_per_node, nodes, layout, {**known, **kept})
     return [verdicts[step] for step in wanted]
 
@@ -149,13 +152,13 @@ def assert_step(step: Step, script: str | Path | None = None, procs_per_node: in
     print(f"Step {result.step}: {result.status}: {result.observed}")
 
 
-def report(results: Sequence[checks.Result]) -> str:
+def report(results: Sequence[Result]) -> str:
     """The verdicts as the command line prints them: a line per step, a hint under a failure."""
     return "\n".join(f"Step {r.step:<8} {r.status:<5} {r.observed}" + (f"\n{'':15}hint: {r.hint}" if r.hint else "")
                      for r in results)
 
 
-def summary(results: Sequence[checks.Result]) -> str:
+def summary(results: Sequence[Result]) -> str:
     """How many graded steps pass, and which to do next."""
     graded = [r for r in results if r.step != "optional"]
     first = next((r for r in graded if not r.passed), None)
@@ -163,7 +166,7 @@ def summary(results: Sequence[checks.Result]) -> str:
             + ("" if first is None else f"; next: Step {first.step}"))
 
 
-def progress_table(results: Sequence[checks.Result]) -> str:
+def progress_table(results: Sequence[Result]) -> str:
     """The verdicts as a compact HTML table: a row per step; a step that waits on an earlier one
     says so instead of repeating its hint; the next step's hint once, under the table."""
     colours = {"pass": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700", "n/a": "#6e7781"}
@@ -180,7 +183,7 @@ def progress_table(results: Sequence[checks.Result]) -> str:
     return (f"<table class='ddp-lab-progress'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table><p><b>{html.escape(summary(results))}</b></p>{hint}")
 
 
-def progress(script: str | Path | None = None, fresh: bool = False) -> list[checks.Result]:
+def progress(script: str | Path | None = None, fresh: bool = False) -> list[Result]:
     """Show every step's verdict at once, and how many of the graded steps pass: a table in a
     notebook, plain lines elsewhere."""
     results = check_steps(None, script, fresh=fresh)

@@ -14,7 +14,7 @@ will use, an instructor runs it once before the course. It:
 Where something cannot run on this machine (the checker's GPU mode needs 2 GPUs) the report
 says `n/a` and why. Without GPUs it says so in one line and exits 0.
 
-    python -m autograde.gpu_check [--report docs/gpu-report.md] [--data-dir DIR] [--parts training checks notebooks]
+    python -m autograde.tools.gpu_check [--report docs/gpu-report.md] [--data-dir DIR] [--parts training checks notebooks]
 """
 from __future__ import annotations
 
@@ -30,10 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograde import api, data, devices, launch, output
-
-REPO = Path(__file__).resolve().parent.parent
-SOLUTION = REPO / "solutions" / "fashion_mnist_solution.py"
+from autograde.checker import api, devices, output
+from autograde import data, launch, paths
+REPO, SOLUTION = paths.REPO, paths.SOLUTION
 NOTEBOOKS = ["02_baseline.ipynb", "06_step_7_ddp.ipynb", "09_evaluation.ipynb"]
 MISTAKES = ["rank_is_local_rank", "device_not_pinned", "no_set_epoch"]  # names in tests/mistakes.py
 TRAIN_LIMIT = 1800.0
@@ -144,7 +143,7 @@ def notebooks(report: Report) -> None:
         for name in NOTEBOOKS:
             report.row(name, "n/a", "nbval is not installed here (pip install -r requirements-test.txt)")
         return
-    from autograde.notebooks import learner_copy
+    from autograde.tools.nbval_runner import learner_copy
 
     with tempfile.TemporaryDirectory() as folder:
         course = learner_copy(Path(folder))
@@ -170,7 +169,7 @@ def machine_lines(gpus: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograde.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde.tools.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "gpu-report.md", help="where the report goes")
     parser.add_argument("--data-dir", type=Path, default=REPO / "data",
                         help="real Fashion-MNIST here is used; otherwise a full-size stand-in in <data-dir>/synthetic")
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = Report()
     report.add(f"# GPU report: {datetime.date.today().isoformat()}\n")
-    report.add("Written by `make gpu-check` (autograde/gpu_check.py) on the machine below.\n")
+    report.add("Written by `make gpu-check` (autograde/tools/gpu_check.py) on the machine below.\n")
     for line in machine_lines(gpus):
         report.add(line)
     if data.has_data(args.data_dir) and not data.is_synthetic(args.data_dir):

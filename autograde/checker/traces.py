@@ -1,4 +1,4 @@
-"""Reads the per-process traces that autograde/tracer.py writes."""
+"""Reads the per-process traces that autograde/checker/tracer.py writes."""
 from __future__ import annotations
 
 import json

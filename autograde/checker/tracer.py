@@ -14,7 +14,7 @@ offline, and a reader that does not wait for the download must lose the race). A
 while the model is in evaluation mode, the logits it produces for the validation set are
 turned into per-image losses, so that a check can compute the true global metrics.
 
-It is loaded through autograde/site/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
+It is loaded through autograde/checker/_startup/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
 """
 from __future__ import annotations
 

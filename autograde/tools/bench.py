@@ -15,10 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autograde import checks, launch, notebooks
+from autograde import launch, paths, registry
+from autograde.tools import nbval_runner
 
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTION = ROOT / "solutions" / "fashion_mnist_solution.py"
+from autograde.tools import nbval_runner
+
+ROOT, SOLUTION = paths.REPO, paths.SOLUTION
 STEP_TARGET, ALL_TARGET, NOTEBOOKS_TARGET = 15.0, 120.0, 600.0
 
 
@@ -31,19 +33,19 @@ def time_check(*args: str, script: Path = SOLUTION) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograde.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde.tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", type=Path, default=SOLUTION, help="the script to check (a correct one)")
     args = parser.parse_args(argv)
     times = {}
-    for step in checks.STEPS:
+    for step in registry.STEPS:
         times[step] = time_check("--step", step, "--fresh", script=args.script)
         print(f"step {step:<8} {times[step]:6.1f} s", flush=True)
     every = time_check("--all", "--fresh", script=args.script)
     kept = time_check("--step", "4", script=args.script)
     with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as folder:
-        course = notebooks.learner_copy(Path(folder) / "course", args.script)
-        names = sorted(p.name for p in notebooks.NOTEBOOKS.glob("*.ipynb"))
-        run = notebooks.nbval(course / "notebooks", *names, timeout=1800, env={"DDP_LAB_CACHE_DIR": folder})
+        course = nbval_runner.learner_copy(Path(folder) / "course", args.script)
+        names = sorted(p.name for p in nbval_runner.NOTEBOOKS.glob("*.ipynb"))
+        run = nbval_runner.nbval(course / "notebooks", *names, timeout=1800, env={"DDP_LAB_CACHE_DIR": folder})
     if run.returncode != 0:
         sys.exit(f"error: the notebooks failed under nbval:\n{run.stdout[-3000:]}")
     median = statistics.median(times.values())

@@ -12,6 +12,8 @@ open call (the collective it was waiting in) is reported.
 """
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import os
 import shutil
@@ -23,8 +25,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from autograde import data, devices, launch
-from autograde.traces import ProcessTrace, read as read_traces, where
+from autograde import data, launch, paths
+from autograde.checker import devices
+from autograde.checker.traces import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
 STARTUP = PACKAGE / "_startup"
@@ -119,6 +122,13 @@ class Abandoned(Exception):
     so the whole set is made again."""
 
 
+RUN_NAMES = {"setup": "setup run", "workers": "workers run", "program": "program run", "two_nodes": "two-node run"}
+
+
+class NotRecorded(Exception):
+    """A replayed workspace was asked for a run that its recording does not hold."""
+
+
 class Workspace:
     """A temporary folder with stand-in data, and the runs of one script in it (each made once)."""
 
@@ -131,10 +141,38 @@ class Workspace:
         self.devices = devices.plan(gpus, procs_per_node, nodes)  # each run's GPUs, or None: the CPU
         self.root = Path(tempfile.mkdtemp(prefix="ddp-lab-check-"))
         self.staging = self.root / "staging"
+        self.replaying = False  # True: the runs come from a recording (replay), and none is made
         data.write_synthetic(self.staging, TRAIN_SIZE, VAL_SIZE, seed=11)
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def save(self, path: Path) -> None:
+        """Record the runs made so far, with the script, in `path` (gzipped JSON): a few kB that
+        `replay` turns back into a workspace, so that a check can be tested without a launch."""
+        runs = {name: {"results": [dataclasses.asdict(r) for r in run.results], "report": run.report,
+                       "stalled": run.stalled, "argv": run.argv,
+                       "traces": {str(pid): t.events for pid, t in run.traces.items()}}
+                for name, run in self.made().items()}
+        record = {"script": self.script.read_text(), "procs_per_node": self.procs_per_node, "nodes": self.nodes,
+                  "devices": self.devices, "runs": runs}
+        path.write_bytes(gzip.compress(json.dumps(record, sort_keys=True).encode(), mtime=0))
+
+    @classmethod
+    def replay(cls, path: Path) -> "Workspace":
+        """A workspace whose runs are the ones recorded in `path` by `save`: checks read them as
+        they read real runs; asking for a run that was not recorded raises NotRecorded."""
+        record = json.loads(gzip.decompress(path.read_bytes()))
+        ws = cls.__new__(cls)
+        ws.say, ws.procs_per_node, ws.nodes, ws.devices = None, record["procs_per_node"], record["nodes"], record["devices"]
+        ws.root = Path(tempfile.mkdtemp(prefix="ddp-lab-replay-"))
+        ws.staging, ws.script, ws.replaying = ws.root / "staging", ws.root / "fashion_mnist.py", True
+        ws.script.write_text(record["script"])
+        for name, run in record["runs"].items():
+            traces = {int(pid): ProcessTrace(int(pid), events) for pid, events in run["traces"].items()}
+            ws.__dict__[name] = Run(RUN_NAMES[name], [launch.Result(**r) for r in run["results"]], traces, run["report"],
+                                    run["stalled"], run["argv"])
+        return ws
 
     def __enter__(self) -> "Workspace":
         return self
@@ -173,7 +211,7 @@ class Workspace:
         return folder
 
     def _env(self, trace_dir: Path, gpus: str) -> dict[str, str]:
-        path = [str(STARTUP), str(PACKAGE.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        path = [str(STARTUP), str(paths.REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
         env = {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
                "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging),
                # asking how many GPUs there are must not set up CUDA: the workers run forks
@@ -189,6 +227,8 @@ class Workspace:
                 gpus: list[str] | None = None) -> tuple[list[launch.Result], bool]:
         """Start the commands together (command i sees GPUs gpus[i], all of them the CPU when None);
         stop them all at a deadlock or the time limit."""
+        if self.replaying:
+            raise NotRecorded(f"the {name} was not recorded: record it again (python -m autograde.tools.record_runs)")
         spoilt = [f"the {run.name}: {cause}" for run in self.made().values() if (cause := run.outside_cause())]
         if spoilt:  # these runs will all be made again: making more now would only cost time
             raise Abandoned(f"{spoilt[0]}, so the {name} was not made")
@@ -230,7 +270,7 @@ class Workspace:
     def _harness(self, name: str, mode: str, **options: Any) -> Run:
         folder = self._folder(name)
         out = folder / "report.json"
-        cmd = [launch.PYTHON, "-m", "autograde.harness", mode, "--script", str(self.script), "--out", str(out)]
+        cmd = [launch.PYTHON, "-m", "autograde.checker.harness", mode, "--script", str(self.script), "--out", str(out)]
         for key, value in options.items():
             cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value, default=str)]
         results, stalled = self._launch(name, [cmd], folder)

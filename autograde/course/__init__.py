@@ -10,7 +10,8 @@ writes the student version (release/ddp_lab/) without them. Grading autogrades t
 of every submission in submitted/<student>/ddp_lab/, writes feedback, exports grades.csv and
 prints each learner's score and the steps lost.
 
-The course root is autograde/ (or $DDP_LAB_COURSE_DIR); nbgrader always runs in autograde/,
+The course root (gradebook, source/, release/, submitted/, autograded/, feedback/, grades.csv)
+is grading/ in the repository, git-ignored (or $DDP_LAB_COURSE_DIR); nbgrader always runs in autograde/course/,
 the only place it reads nbgrader_config.py from. Grading runs the notebooks in quick mode
 (DDP_LAB_QUICK=1): the training runs of the ungraded cells are tiny, the checks are not.
 
@@ -33,9 +34,10 @@ from pathlib import Path
 from typing import Sequence
 
 from autograde import launch
+from autograde.paths import REPO
 
-PACKAGE = Path(__file__).resolve().parent
-REPO = PACKAGE.parent
+HERE = Path(__file__).resolve().parent  # nbgrader runs here: it reads nbgrader_config.py from here only
+GRADING = REPO / "grading"  # the course's generated folders, git-ignored: see root()
 ASSIGNMENT = "ddp_lab"
 COURSE_ID = "ddp-lab"  # as in nbgrader_config.py; the learners' nbgrader commands name it with --course
 COURSE_FILES = ["fashion_mnist.py", "exercises/big_batch_equivalence.py"]
@@ -74,7 +76,7 @@ HIDDEN_TESTS: dict[str, list[Layout]] = {
 
 
 def root() -> Path:
-    return Path(os.environ.get("DDP_LAB_COURSE_DIR") or PACKAGE).resolve()
+    return Path(os.environ.get("DDP_LAB_COURSE_DIR") or GRADING).resolve()
 
 
 def grade_id(step: str) -> str:
@@ -103,7 +105,7 @@ def add_hidden_tests(notebook: dict, name: str) -> list[str]:
             continue
         if BEGIN_HIDDEN in source:
             raise CourseError(f"{name}: grade cell {meta['grade_id']} has hidden tests of its own: "
-                              f"they belong in autograde/course.py's HIDDEN_TESTS, not in {NOTEBOOKS}/")
+                              f"they belong in autograde/course/__init__.py's HIDDEN_TESTS, not in {NOTEBOOKS}/")
         step = step_of(meta["grade_id"])
         if step in HIDDEN_TESTS:
             cell["source"] = f"{source}\n{hidden_test_block(step)}".splitlines(keepends=True)
@@ -255,18 +257,17 @@ class LogFilter:
 
 
 def nbgrader(*args: str, log_level: str = "WARN") -> str:
-    """Run an nbgrader command in autograde/ (where its config is), print its output without the
+    """Run an nbgrader command in autograde/course/ (where its config is), print its output without the
     known-harmless lines, and return the output; raise CourseError when it fails.
 
     Its notebooks run in quick mode unless DDP_LAB_QUICK says otherwise. No time limit: grading a
     class takes as long as it takes.
     """
-    env = launch.child_env({"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1")})
+    env = {"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1")}
     cmd = [launch.PYTHON, "-m", "nbgrader", *args, f"--log-level={log_level}"]
     log = LogFilter()
     seen: list[str] = []
-    proc = subprocess.Popen(cmd, cwd=PACKAGE, env=env, text=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = launch.start(cmd, cwd=HERE, env=env, merge_stderr=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -409,6 +410,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(1, f"error: {err}\n")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

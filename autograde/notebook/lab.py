@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import os
 import queue
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from autograde import api, checks, data, launch, output
-
+from autograde.checker import api, output
+from autograde import data, launch, paths
 QUICK = os.environ.get("DDP_LAB_QUICK", "") not in ("", "0")
 QUICK_SIZE = (1024, 256)  # training and validation images of the quick mode's stand-in
 
@@ -50,17 +49,12 @@ def machine() -> Machine:
                    else os.cpu_count() or 1)
 
 
-def course_file(relative: str | Path) -> Path:
-    """A file of the course, seen from a notebook: in this folder, or one up (the repository)."""
-    for folder in (Path.cwd(), Path.cwd().parent):
-        if (folder / relative).exists():
-            return folder / relative
-    raise FileNotFoundError(f"{relative} is neither here ({Path.cwd()}) nor one folder up")
+course_file = paths.course_file  # notebooks: lab.course_file("exercises/...")
 
 
 def script() -> Path:
     """The learner's fashion_mnist.py (the one the checks look at)."""
-    path = checks.script_path()
+    path = paths.learner_script()
     if not path.is_file():
         raise FileNotFoundError(f"no fashion_mnist.py here ({Path.cwd()}) or one folder up")
     return path.resolve()
@@ -89,7 +83,7 @@ def data_dir() -> tuple[Path, bool]:
 
 def _course_data() -> Path:
     try:
-        return course_file("Makefile").parent / "data"
+        return paths.course_file("Makefile").parent / "data"
     except FileNotFoundError:
         return Path.cwd() / "data"
 
@@ -137,8 +131,7 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
     """
     limit = timeout if timeout is not None else (600.0 if QUICK else 24 * 3600.0)
     cmd = [str(c) for c in command]
-    proc = subprocess.Popen(cmd, env=launch.child_env(env), cwd=cwd, text=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = launch.start(cmd, env=env, cwd=cwd, merge_stderr=True)
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     seen: list[str] = []

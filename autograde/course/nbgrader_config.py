@@ -1,9 +1,9 @@
 """nbgrader's configuration for the DDP Lab course.
 
-nbgrader reads this file only from the folder it runs in, so run nbgrader in autograde/
+nbgrader reads this file only from the folder it runs in, so run nbgrader in autograde/course/
 (`make release` and `make grade` do). The course's folders (source/, release/, submitted/,
-autograded/, feedback/), gradebook.db and grades.csv are kept here too, or under
-$DDP_LAB_COURSE_DIR when that is set.
+autograded/, feedback/), gradebook.db and grades.csv are kept in the repository's grading/
+(git-ignored), or under $DDP_LAB_COURSE_DIR when that is set.
 
 The exchange (Exchange.root) is not set here: the exchange targets (`make release-exchange`,
 `make collect`, `make return-feedback`) pass --Exchange.root from EXCHANGE, and the learners, whose
@@ -14,8 +14,8 @@ from pathlib import Path
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821 (nbgrader provides it)
 
-c.CourseDirectory.course_id = "ddp-lab"  # autograde/course.py's COURSE_ID; learners pass --course=ddp-lab
-c.CourseDirectory.root = os.environ.get("DDP_LAB_COURSE_DIR") or str(Path(__file__).resolve().parent)
+c.CourseDirectory.course_id = "ddp-lab"  # autograde/course/__init__.py's COURSE_ID; learners pass --course=ddp-lab
+c.CourseDirectory.root = os.environ.get("DDP_LAB_COURSE_DIR") or str(Path(__file__).resolve().parents[2] / "grading")
 # The learner's work is the edited fashion_mnist.py: without this, autograding silently replaces
 # it with the starter from source/ and every submission is graded as if untouched.
 c.Autograde.exclude_overwriting = {"ddp_lab": ["fashion_mnist.py"]}

@@ -4,7 +4,7 @@ It trains on Fashion-MNIST when the real data set is in --data-dir. Otherwise it
 the synthetic stand-in (once) and says so in a banner, so that nobody mistakes its
 numbers for Fashion-MNIST results. Arguments after `--` go to the training script.
 
-    python -m autograde.run [--data-dir data] [-- --epochs 3 ...]
+    python -m autograde.tools.run [--data-dir data] [-- --epochs 3 ...]
 """
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograde import data
-
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTION = ROOT / "solutions" / "fashion_mnist_solution.py"
+from autograde import data, paths
+ROOT, SOLUTION = paths.REPO, paths.SOLUTION
 BANNER = """\
 {rule}
   SYNTHETIC STAND-IN DATA: there is no Fashion-MNIST in {real}/ (`make data` fetches it).
@@ -43,7 +41,7 @@ def command(data_dir: Path, num_gpus: int, on_gpu: bool, extra: list[str]) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograde.run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde.tools.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="where the real data set is (or goes)")
     parser.add_argument("--synthetic-dir", type=Path, default=Path("data/synthetic"), help="where the stand-in goes")
     parser.add_argument("--synthetic-size", type=int, nargs=2, default=(60000, 10000), metavar=("TRAIN", "VAL"),

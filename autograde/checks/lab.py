@@ -1,5 +1,6 @@
-"""One check per step of the lab. Each reads the runs of autograde/runs.py (made once per
-script, shared by every step that needs them) and says what it observed.
+"""The lab's checks, one function per step (`check_4` is Step 4's; autograde/registry.py lists
+them with their points and runs). Each reads the runs of autograde/checker/runs.py (made once
+per script, shared by every step that needs them) and says what it observed.
 
 Checks look at behaviour, not at names: any correct script passes, whatever its
 variables and helpers are called. Only Step 0 reads the source.
@@ -7,60 +8,12 @@ variables and helpers are called. Only Step 0 reads the source.
 from __future__ import annotations
 
 import ast
-from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from autograde import output, runs, traces
-from autograde.runs import Run, Workspace
-
-STEPS = ["0", "1", "2", "3", "4", "5", "6", "6.5", "optional", "7", "8", "9", "10"]
-
-
-@dataclass
-class Result:
-    """The verdict on one step: passed (True, False, or None where it cannot be checked here)."""
-
-    step: str
-    passed: bool | None
-    observed: str
-    hint: str | None = None
-    earlier: str | None = None  # an earlier step that fails too: fix that one first
-    checker_error: bool = False  # the checker, not the script, is at fault: never kept, never blamed on the learner
-
-    @property
-    def status(self) -> str:
-        return "ERROR" if self.checker_error else {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
-
-
-class Failed(Exception):
-    """A check's verdict that the step is wrong: what was seen, and where to look."""
-
-    def __init__(self, observed: str, hint: str, inconclusive: bool = False) -> None:
-        super().__init__(observed)
-        self.observed, self.hint = observed, hint
-        self.inconclusive = inconclusive  # the run stopped before it showed this step at work
-
-
-def todo(step: str, what: str) -> str:
-    return f"see `# TODO {'Optional' if step == 'optional' else 'Step ' + step}`: {what}"
-
-
-def require(condition: object, observed: str, step: str, what: str, inconclusive: bool = False) -> None:
-    if not condition:
-        raise Failed(observed, todo(step, what), inconclusive)
-
-
-def evidence(condition: object, run: Run, missing: str, step: str) -> None:
-    """Fail as inconclusive when a run stopped before it showed what the step needs."""
-    require(condition, run.problem() or missing, step, "the earlier steps must work first", inconclusive=True)
-
-
-def _run_ok(run: Run, step: str, what: str) -> None:
-    """Fail when a run that the step needs crashed or deadlocked."""
-    problem = run.problem()
-    require(problem is None, problem or "", step, what)
+from autograde.checker import output, traces
+from autograde.checker.runs import Run, Workspace
+from autograde.checker.verdicts import Failed, evidence, require, run_ok
 
 
 # Step 0 -------------------------------------------------------------------------------
@@ -71,14 +24,14 @@ def check_0(ws: Workspace) -> str:
     try:
         tree = ast.parse(ws.script.read_text(), filename=str(ws.script))
     except SyntaxError as err:
-        raise Failed(f"the script does not parse: {err.msg} (line {err.lineno})", "fix the syntax error first")
+        raise Failed(f"the script does not parse: {err.msg} (line {err.lineno})", "fix the syntax error first", todo=False)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name == "torch.distributed" for a in node.names):
             return "imports torch.distributed"
         if isinstance(node, ast.ImportFrom) and (node.module == "torch.distributed" or (
                 node.module == "torch" and any(a.name == "distributed" for a in node.names))):
             return "imports torch.distributed"
-    raise Failed("the script does not import torch.distributed", todo("0", "import torch.distributed as dist"))
+    raise Failed("the script does not import torch.distributed", "import torch.distributed as dist")
 
 
 # Steps 1-2: the setup run -------------------------------------------------------------
@@ -87,7 +40,7 @@ def check_0(ws: Workspace) -> str:
 def _setup(ws: Workspace) -> dict:
     report = ws.setup.report
     if report is None:
-        raise Failed(ws.setup.problem() or "the setup run wrote no report", "run the script by hand to see why")
+        raise Failed(ws.setup.problem() or "the setup run wrote no report", "run the script by hand to see why", todo=False)
     return report
 
 
@@ -95,18 +48,18 @@ def check_1(ws: Workspace) -> str:
     """The command line takes integer --num-nodes, --node-id and --num-gpus, defaults 1, 0 and 1."""
     report = _setup(ws)
     missing = [o for o in ("--num-nodes", "--node-id", "--num-gpus") if o not in report["options"]]
-    require(not missing, f"the script has no {', '.join(missing)} option", "1",
+    require(not missing, f"the script has no {', '.join(missing)} option",
             "add the arguments with parser.add_argument(..., type=int)")
-    require(report["stop"], report["error"] or "", "1", "the script must accept these options")
+    require(report["stop"], report["error"] or "", "the script must accept these options")
     expected = {"--num-nodes": (3, 1), "--node-id": (2, 0), "--num-gpus": (2, 1)}
     for option, (given, default) in expected.items():
         dest = report["dests"][option]
         value = report["values"].get(dest)
         require(report["types"].get(dest) == "int" and value == given,
-                f"{option} {given} gave args.{dest} = {value!r} ({report['types'].get(dest)})", "1",
+                f"{option} {given} gave args.{dest} = {value!r} ({report['types'].get(dest)})",
                 f"{option} needs type=int")
         got = (report["defaults"] or {}).get(dest)
-        require(got == default, f"{option} defaults to {got!r}", "1", f"{option} should default to {default}")
+        require(got == default, f"{option} defaults to {got!r}", f"{option} should default to {default}")
     return "--num-nodes, --node-id, --num-gpus are integers with defaults 1, 0, 1"
 
 
@@ -114,21 +67,20 @@ def check_2(ws: Workspace) -> str:
     """With --num-nodes 3 --num-gpus 2 the world size is 6, and MASTER_ADDR and MASTER_PORT
     are set before any process group starts."""
     report = _setup(ws)
-    require(report["stop"], report["error"] or "the set-up code did not get to the training", "2",
+    require(report["stop"], report["error"] or "the set-up code did not get to the training",
             "the script should get as far as starting the training")
     env = report["env"]
-    require(env.get("MASTER_ADDR"), "MASTER_ADDR is not set when the first process group starts", "2",
+    require(env.get("MASTER_ADDR"), "MASTER_ADDR is not set when the first process group starts",
             'set os.environ["MASTER_ADDR"] (node 0\'s address, e.g. "localhost")')
-    require((env.get("MASTER_PORT") or "").isdigit(), f"MASTER_PORT is {env.get('MASTER_PORT')!r}", "2",
+    require((env.get("MASTER_PORT") or "").isdigit(), f"MASTER_PORT is {env.get('MASTER_PORT')!r}",
             'set os.environ["MASTER_PORT"] to a free port, as a string')
     port_dest = report["dests"].get("--master-port")
     if port_dest:
         require(str(report["values"].get(port_dest)) == env["MASTER_PORT"],
-                f"MASTER_PORT is {env['MASTER_PORT']} but --master-port was {report['values'].get(port_dest)}",
-                "2", "set MASTER_PORT from --master-port")
+                f"MASTER_PORT is {env['MASTER_PORT']} but --master-port was {report['values'].get(port_dest)}", "set MASTER_PORT from --master-port")
     world = _world_size_six(report)
     require(world, "no world size of 6 found for --num-nodes 3 --num-gpus 2: not in args, not in a module-level "
-            "variable, not in WORLD_SIZE, not among mp.spawn's arguments, nor given to init_process_group", "2",
+            "variable, not in WORLD_SIZE, not among mp.spawn's arguments, nor given to init_process_group",
             "compute args.world_size = args.num_nodes * args.num_gpus")
     return (f"world size {world[0]} = 6 for 3 nodes x 2; MASTER_ADDR={env['MASTER_ADDR']} "
             f"MASTER_PORT={env['MASTER_PORT']}")
@@ -153,9 +105,10 @@ def _world_size_six(report: dict) -> list[str]:
 def _children(ws: Workspace) -> list[dict]:
     report = ws.workers.report
     if report is None:
-        raise Failed(ws.workers.problem() or "the workers run wrote no report", todo("3", "see the error above"))
+        raise Failed(ws.workers.problem() or "the workers run wrote no report", "see the error above", step="3")
     if report.get("error"):
-        raise Failed(report["error"], todo("3", "define worker(local_rank, args) and call it from main()"))
+        raise Failed(report["error"], "define worker(local_rank, args) and call it from main()",
+                     step="3")
     return report["children"]
 
 
@@ -171,13 +124,13 @@ def check_3(ws: Workspace) -> str:
     names = set()
     for child, trace in children:
         started = trace.named("worker_start")
-        require(started, ws.workers.problem() or "worker did not start", "3",
+        require(started, ws.workers.problem() or "worker did not start",
                 "define worker(local_rank, args)")
         name = f"{started[0].get('fn', 'worker')}(local_rank, ...)"
         names.add(name)
         finished = trace.named("worker_done")
         require(not finished or finished[0]["optimizer_steps"] > 0,
-                f"{name} returned without training", "3", f"move the training into {name}")
+                f"{name} returned without training", f"move the training into {name}")
     return f"{' / '.join(sorted(names)) or 'worker'} runs the training in each of {len(children)} processes"
 
 
@@ -188,20 +141,20 @@ def check_4(ws: Workspace) -> str:
     for child, trace in _by_child(ws):
         inits = trace.calls("init_process_group")
         who = f"the process of node {child['node']}, local rank {child['local_rank']}"
-        require(len(inits) == 1, f"{who} called init_process_group {len(inits)} times", "4",
+        require(len(inits) == 1, f"{who} called init_process_group {len(inits)} times",
                 "call dist.init_process_group once, at the start of worker")
         expected = child["node"] * ws.procs_per_node + child["local_rank"]
         joined = [e for e in trace.events if e["ev"] == "exit" and e.get("call") == "init_process_group"]
         rank = joined[0]["rank_joined"] if joined else inits[0].get("rank")
-        require(rank == expected, f"{who} joined as rank {rank}; expected {expected}", "4",
+        require(rank == expected, f"{who} joined as rank {rank}; expected {expected}",
                 "global rank = args.node_id * args.num_gpus + local_rank")
         world = joined[0]["world_size"] if joined else inits[0].get("world_size")
-        require(world == ws.world_size, f"{who} joined a world of {world}; expected {ws.world_size}", "4",
+        require(world == ws.world_size, f"{who} joined a world of {world}; expected {ws.world_size}",
                 "pass world_size=args.world_size")
         used = (joined[0]["backend"] if joined else inits[0].get("backend") or "").lower()
-        require(backend in used, f"{who} used backend {used!r} on {ws.uses('workers')}", "4",
+        require(backend in used, f"{who} used backend {used!r} on {ws.uses('workers')}",
                 'backend "nccl" on GPUs, "gloo" on the CPU')
-    _run_ok_until(ws.workers, "init_process_group", "4")
+    _run_ok_until(ws.workers, "init_process_group")
     gpu = _gpu_note(ws, _pinned_before_group)
     return (f"{ws.world_size} processes joined as ranks 0-{ws.world_size - 1} of {ws.world_size} with {backend}, "
             f"on {ws.uses('workers')}{gpu}")
@@ -244,11 +197,11 @@ def _pinned_before_group(rank: int, local_rank: int, trace: traces.ProcessTrace)
     pinned = [e for e in trace.events[:init] if e["ev"] == "set_device"] if init is not None else []
     require(pinned and pinned[-1]["device"] in (str(local_rank), f"cuda:{local_rank}"),
             f"rank {rank} did not call torch.cuda.set_device({local_rank}) before init_process_group"
-            + (f" (it set {pinned[-1]['device']})" if pinned else ""), "4",
+            + (f" (it set {pinned[-1]['device']})" if pinned else ""),
             "on a GPU, torch.cuda.set_device(local_rank) before dist.init_process_group")
     joined = next((e for e in trace.events if e["ev"] == "exit" and e.get("call") == "init_process_group"), {})
     require("nccl" in str(joined.get("backend", "")).lower(), f"rank {rank} used backend {joined.get('backend')!r} "
-            "on GPUs", "4", 'backend "nccl" on GPUs')
+            "on GPUs", 'backend "nccl" on GPUs')
 
 
 def _model_on_own_gpu(rank: int, local_rank: int, trace: traces.ProcessTrace) -> None:
@@ -256,17 +209,17 @@ def _model_on_own_gpu(rank: int, local_rank: int, trace: traces.ProcessTrace) ->
     wraps = trace.named("ddp")
     require(wraps and wraps[0]["parameter_device"] == f"cuda:{local_rank}",
             f"rank {rank}'s model was on {wraps[0]['parameter_device'] if wraps else 'no device'} when wrapped; "
-            f"expected cuda:{local_rank}", "7", "model.to(torch.device('cuda', local_rank)) before wrapping it")
-    require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}", "7",
+            f"expected cuda:{local_rank}", "model.to(torch.device('cuda', local_rank)) before wrapping it")
+    require(wraps[0]["device_ids"] == [local_rank], f"rank {rank} gave device_ids={wraps[0]['device_ids']}",
             "device_ids=[local_rank]")
 
 
-def _run_ok_until(run: Run, call: str, step: str) -> None:
+def _run_ok_until(run: Run, call: str) -> None:
     """Fail if some process deadlocked or crashed inside `call`."""
     for trace in run.traces.values():
         waiting = trace.waiting_in()
         if waiting and waiting.get("call") == call and not run.ok:
-            raise Failed(run.problem() or "", todo(step, f"every process must get through {call}"))
+            raise Failed(run.problem() or "", f"every process must get through {call}")
 
 
 def check_5(ws: Workspace) -> str:
@@ -279,24 +232,24 @@ def check_5(ws: Workspace) -> str:
         for child, trace in members:
             errors = trace.named("dataset_error")
             require(not errors, f"node {node}, local rank {child['local_rank']} read the data set before it was "
-                    f"there ({errors[0]['error'] if errors else ''})", "5",
+                    f"there ({errors[0]['error'] if errors else ''})",
                     "after the download, dist.barrier() on every process; read the files only after it")
         downloaders = [(c, t) for c, t in members
                        if any(e.get("download") for e in t.named("dataset_enter"))]
-        require(len(downloaders) == 1, f"{len(downloaders)} processes of node {node} asked to download", "5",
+        require(len(downloaders) == 1, f"{len(downloaders)} processes of node {node} asked to download",
                 "only local rank 0 downloads (download=True); the others read with download=False")
         _, loader_trace = downloaders[0]
         done = [e["t"] for e in loader_trace.named("dataset_exit")]
-        require(done, ws.workers.problem() or f"node {node}'s download never finished", "5", "see the error")
+        require(done, ws.workers.problem() or f"node {node}'s download never finished", "see the error")
         barriers = [e for e in loader_trace.calls("barrier") if e["t"] >= max(done)]
-        require(barriers, f"node {node}'s downloader reaches no barrier after its download", "5",
+        require(barriers, f"node {node}'s downloader reaches no barrier after its download",
                 "call dist.barrier() after the download, on every process")
         for child, trace in members:
             if trace is loader_trace:
                 continue
             starts = [e["t"] for e in trace.named("dataset_enter")]
             require(starts and min(starts) >= barriers[0]["t"],
-                    f"node {node}, local rank {child['local_rank']} built its data set before the barrier", "5",
+                    f"node {node}, local rank {child['local_rank']} built its data set before the barrier",
                     "the other processes read the files only after dist.barrier()")
     return f"one download per node ({len(by_node)} nodes); the others waited at a barrier"
 
@@ -326,13 +279,13 @@ def _iterated_loaders(trace: traces.ProcessTrace) -> dict[bool, dict]:
     return found
 
 
-def _loader(ws: Workspace, rank: int, trace: traces.ProcessTrace, train: bool, step: str) -> dict:
+def _loader(ws: Workspace, rank: int, trace: traces.ProcessTrace, train: bool) -> dict:
     """Rank `rank`'s training (or validation) loader; inconclusive if it made none."""
     loader = _iterated_loaders(trace).get(train)
     if loader is None:
         kind = "training" if train else "validation"
         raise Failed(ws.workers.problem() or f"rank {rank} made no {kind} loader",
-                     todo(step, "the earlier steps must work first"), inconclusive=True)
+                     "the earlier steps must work first", inconclusive=True)
     return loader
 
 
@@ -345,19 +298,18 @@ def check_6(ws: Workspace) -> str:
     training indices are disjoint and cover the data set (up to the sampler's padding, or
     less the remainder a drop_last sampler leaves out), and validation is split the same way."""
     ranks = ws.workers.ranks()
-    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "6")
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined")
     sizes: dict[bool, int] = {}
     dropping: dict[bool, bool] = {}
     for rank, trace in sorted(ranks.items()):
         for train, name in ((True, "training"), (False, "validation")):
-            loader = _loader(ws, rank, trace, train, "6")
+            loader = _loader(ws, rank, trace, train)
             require(loader["sampler_type"] == "DistributedSampler",
-                    f"rank {rank}'s {name} loader draws from a {loader['sampler_type']}, not a DistributedSampler",
-                    "6", f"pass sampler=... to the {name} DataLoader")
+                    f"rank {rank}'s {name} loader draws from a {loader['sampler_type']}, not a DistributedSampler", f"pass sampler=... to the {name} DataLoader")
             sampler = next(e for e in trace.named("sampler") if e["sampler"] == loader["sampler"])
             require(sampler["num_replicas"] == ws.world_size and sampler["sampler_rank"] == rank,
                     f"rank {rank}'s {name} sampler has num_replicas={sampler['num_replicas']}, "
-                    f"rank={sampler['sampler_rank']}", "6", "num_replicas=world size, rank=global rank")
+                    f"rank={sampler['sampler_rank']}", "num_replicas=world size, rank=global rank")
             sizes[train] = sampler["size"]
             dropping[train] = bool(sampler["drop_last"])
     for train, name in ((True, "training"), (False, "validation")):
@@ -380,7 +332,7 @@ def check_6(ws: Workspace) -> str:
                 else len(covered) == size and total - len(covered) < ws.world_size)
             require(whole,
                     f"in epoch {epoch + 1} the ranks' {name} shards overlap or miss images "
-                    f"({len(covered)} of {sizes[train]} covered by {total} draws)", "6",
+                    f"({len(covered)} of {sizes[train]} covered by {total} draws)",
                     "every rank's sampler must use the same world size and its own rank")
     return f"both loaders use DistributedSampler; {ws.world_size} disjoint shards cover the data each epoch"
 
@@ -390,21 +342,20 @@ def check_6_5(ws: Workspace) -> str:
     epoch to epoch and the ranks stay consistent."""
     seen: list[list[int]] = []
     ranks = ws.workers.ranks()
-    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "6.5")
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined")
     for rank, trace in sorted(ranks.items()):
-        sampler = _loader(ws, rank, trace, True, "6.5")["sampler"]
+        sampler = _loader(ws, rank, trace, True)["sampler"]
         orders = _shards(trace, sampler)
-        evidence(len(orders) >= 2, ws.workers, f"rank {rank} trained fewer than 2 epochs", "6.5")
+        evidence(len(orders) >= 2, ws.workers, f"rank {rank} trained fewer than 2 epochs")
         epochs = [e["epoch"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
         require(len(set(epochs)) == len(epochs),
-                f"rank {rank}'s training sampler had epoch {epochs[0]} in every epoch: the same order each time",
-                "6.5", "call train_sampler.set_epoch(epoch) at the start of each epoch")
-        require(orders[0] != orders[1], f"rank {rank} saw the same order in epochs 1 and 2", "6.5",
+                f"rank {rank}'s training sampler had epoch {epochs[0]} in every epoch: the same order each time", "call train_sampler.set_epoch(epoch) at the start of each epoch")
+        require(orders[0] != orders[1], f"rank {rank} saw the same order in epochs 1 and 2",
                 "call train_sampler.set_epoch(epoch) with the epoch number")
         seen.append(epochs)
     common = min((len(e) for e in seen), default=0)  # a rank that stopped early (Step 9's concern) has fewer
     require(all(e[:common] == seen[0][:common] for e in seen),
-            f"the ranks set different epochs on their samplers: {seen}", "6.5",
+            f"the ranks set different epochs on their samplers: {seen}",
             "call set_epoch(epoch) with the same epoch number on every rank")
     return "set_epoch before every epoch: a new order each epoch, the same on every rank"
 
@@ -415,10 +366,9 @@ def check_optional(ws: Workspace) -> str | None:
         return None
     run = ws.program
     ddp = [e for t in run.traces.values() for e in t.named("ddp")]
-    require("--sync-bn" in (ws.setup.report or {}).get("options", []), "the script has no --sync-bn flag",
-            "optional", 'parser.add_argument("--sync-bn", action="store_true")')
+    require("--sync-bn" in (ws.setup.report or {}).get("options", []), "the script has no --sync-bn flag", 'parser.add_argument("--sync-bn", action="store_true")')
     require(ddp and all(e["sync_batchnorms"] == e["batchnorms"] > 0 for e in ddp),
-            "with --sync-bn, some BatchNorm layers are not SyncBatchNorm", "optional",
+            "with --sync-bn, some BatchNorm layers are not SyncBatchNorm",
             "model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP")
     return "every BatchNorm is a SyncBatchNorm"
 
@@ -427,25 +377,24 @@ def check_7(ws: Workspace) -> str:
     """The model sits on the process's own device and is wrapped in DDP; after training
     the parameters are identical on every rank."""
     ranks = ws.workers.ranks()
-    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "7")
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined")
     for rank, trace in sorted(ranks.items()):
         wraps = trace.named("ddp")
-        require(len(wraps) == 1, f"rank {rank} wrapped {len(wraps)} models in DistributedDataParallel", "7",
+        require(len(wraps) == 1, f"rank {rank} wrapped {len(wraps)} models in DistributedDataParallel",
                 "model = nn.parallel.DistributedDataParallel(model, ...)")
         if not ws.on_gpu("workers"):  # on GPUs, _model_on_own_gpu below
             require(wraps[0]["parameter_device"] == "cpu",
-                    f"rank {rank}'s model was on {wraps[0]['parameter_device']} when wrapped; expected cpu", "7",
+                    f"rank {rank}'s model was on {wraps[0]['parameter_device']} when wrapped; expected cpu",
                     "move the model to its device before wrapping it")
-        require(not trace.named("moved_after_wrap"), f"rank {rank} moved the model after wrapping it in DDP",
-                "7", "call .to(device) before DistributedDataParallel(...)")
+        require(not trace.named("moved_after_wrap"), f"rank {rank} moved the model after wrapping it in DDP", "call .to(device) before DistributedDataParallel(...)")
     per_epoch = {r: [e["sha1"] for e in t.named("parameters") if e["when"] == "validation"]
                  for r, t in ranks.items()}
     epochs = min(len(v) for v in per_epoch.values())
-    evidence(epochs, ws.workers, "no rank finished an epoch of training", "7")
+    evidence(epochs, ws.workers, "no rank finished an epoch of training")
     for epoch in range(epochs):
         models = {v[epoch] for v in per_epoch.values()}
         require(len(models) == 1, f"after epoch {epoch + 1}'s training the ranks hold {len(models)} different "
-                "models", "7", "wrap the model in DDP so that gradients are averaged")
+                "models", "wrap the model in DDP so that gradients are averaged")
     gpu = _gpu_note(ws, _model_on_own_gpu)
     return f"DDP on {ws.uses('workers')}; identical parameters on all {len(ranks)} ranks after every epoch{gpu}"
 
@@ -502,7 +451,7 @@ def check_8(ws: Workspace) -> str:
     of all ranks' images/sec (read as a number, in any wording)."""
     ranks = ws.workers.ranks()
     evidence(len(ranks) == ws.world_size and all(_iterated_loaders(t).get(True) for t in ranks.values()),
-             ws.workers, "not every rank trained", "8")
+             ws.workers, "not every rank trained")
     samples: dict[int, list[int]] = {}
     for rank, trace in sorted(ranks.items()):
         loader = _iterated_loaders(trace)[True]["loader"]
@@ -513,10 +462,9 @@ def check_8(ws: Workspace) -> str:
             first = after[0] if after else None
             require(first is not None and first.get("call") == "barrier",
                     f"rank {rank}: after the training of epoch {epoch} the first step is "
-                    f"{traces.where(first) if first and first['ev'] == 'enter' else 'validation'}, not a barrier",
-                    "8", "dist.barrier() right after the training loop, before taking the time")
+                    f"{traces.where(first) if first and first['ev'] == 'enter' else 'validation'}, not a barrier", "dist.barrier() right after the training loop, before taking the time")
     epochs = _epochs(ranks[0])
-    evidence(epochs, ws.workers, "rank 0 finished no epoch", "8")
+    evidence(epochs, ws.workers, "rank 0 finished no epoch")
     for ep in epochs:
         seconds = _epoch_seconds(ranks[0], ep)
         if not seconds or ep.number > min(len(v) for v in samples.values()):
@@ -526,8 +474,7 @@ def check_8(ws: Workspace) -> str:
         printed = [n.value for n in output.numbers(ep.prints_after_training) if not n.percent]
         require(any(abs(v - expected) <= 0.25 * expected and abs(v - expected) < abs(v - own) for v in printed),
                 f"epoch {ep.number}: all ranks together trained about {expected:.0f} images/sec ({total} images "
-                f"in {seconds:.2f} s), and no such number is in what rank 0 printed: {_quote(ep.prints_after_training)}",
-                "8", "sum the images/sec of all ranks with dist.reduce (op SUM) onto rank 0, and print it")
+                f"in {seconds:.2f} s), and no such number is in what rank 0 printed: {_quote(ep.prints_after_training)}", "sum the images/sec of all ranks with dist.reduce (op SUM) onto rank 0, and print it")
     return "a barrier ends every epoch; the printed images/sec is the sum over ranks"
 
 
@@ -556,7 +503,7 @@ def _validation_truth(ranks: dict[int, traces.ProcessTrace]) -> list[tuple[tuple
                 means.append([sum(v[i] for v in per_image) / len(per_image) for i in (0, 1)])
         require(len(seen) == len(everything),
                 f"epoch {epoch + 1}: {len(everything) - len(seen)} of {len(everything)} validation images were never "
-                "evaluated (a validation loader with drop_last=True, or a loop cut short)", "9",
+                "evaluated (a validation loader with drop_last=True, or a loop cut short)",
                 "evaluate every validation image: no drop_last on the validation loader")
         exact = (sum(v[0] for v in seen.values()) / len(seen), sum(v[1] for v in seen.values()) / len(seen))
         average = (sum(m[0] for m in means) / len(means), sum(m[1] for m in means) / len(means))
@@ -576,20 +523,20 @@ def check_9(ws: Workspace) -> str:
     average over equal shards), in any wording; no other rank prints them; every rank stops
     after the same epoch."""
     ranks = ws.workers.ranks()
-    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined", "9")
+    evidence(len(ranks) == ws.world_size, ws.workers, "not every process joined")
     epochs = {r: len([e for e in t.named("loader_iter") if not e["validation"]]) for r, t in ranks.items()}
-    require(len(set(epochs.values())) == 1, f"the ranks trained different numbers of epochs: {epochs}", "9",
+    require(len(set(epochs.values())) == 1, f"the ranks trained different numbers of epochs: {epochs}",
             "decide early stopping from the all-reduced accuracy, the same on every rank")
     truth = _validation_truth(ranks)
     reports = {r: _epochs(t) for r, t in ranks.items()}
-    require(truth and len(truth) == len(reports[0]), "could not see the model's validation outputs", "9",
+    require(truth and len(truth) == len(reports[0]), "could not see the model's validation outputs",
             "evaluate the DDP model on the validation loader")
     for k, (exact, average) in enumerate(truth):
         printers = sorted(r for r, epochs_of_r in reports.items() if k < len(epochs_of_r) and any(
             _shows_metrics(epochs_of_r[k].prints_after_validation, *pair) for pair in (exact, average)))
         require(printers == [0], f"epoch {k + 1}: the validation metrics were printed by ranks {printers}" if printers
                 else f"epoch {k + 1}: over all ranks the validation loss is {exact[0]:.4f} and the accuracy "
-                f"{exact[1]:.4f}, and rank 0 printed {_quote(reports[0][k].prints_after_validation)}", "9",
+                f"{exact[1]:.4f}, and rank 0 printed {_quote(reports[0][k].prints_after_validation)}",
                 "add up loss sums, correct answers and counts with dist.all_reduce, then divide; print on rank 0 only"
                 if not printers or 0 in printers else "print only on global rank 0 (if rank == 0: ...)")
     return f"rank 0 alone prints the global validation metrics; all ranks stopped after epoch {epochs[0]}"
@@ -603,97 +550,20 @@ def check_10(ws: Workspace) -> str:
     `if __name__ == "__main__"` and exits 0; two node commands started together train one model."""
     run = ws.program
     spawns = [e for t in run.traces.values() for e in t.named("spawn")]
-    require(spawns, run.problem() or "the script started no processes with mp.spawn", "10",
+    require(spawns, run.problem() or "the script started no processes with mp.spawn",
             "mp.spawn(worker, args=(args,), nprocs=args.num_gpus)")
     require(all(e["caller_module"] == "__main__" for e in spawns),
-            "mp.spawn ran again inside the started processes (they re-import the script)", "10",
+            "mp.spawn ran again inside the started processes (they re-import the script)",
             'launch only under if __name__ == "__main__":')
     require(len(spawns) == 1 and spawns[0]["nprocs"] == 2, f"mp.spawn was called with nprocs={spawns[0]['nprocs']} "
-            f"for --num-gpus 2" if len(spawns) == 1 else f"mp.spawn was called {len(spawns)} times", "10",
+            f"for --num-gpus 2" if len(spawns) == 1 else f"mp.spawn was called {len(spawns)} times",
             "nprocs=args.num_gpus, once, from the main process")
-    _run_ok(run, "10", "the script must finish with exit status 0")
-    require(len(run.ranks()) == 2, f"{len(run.ranks())} processes joined the group", "10", "nprocs=args.num_gpus")
+    run_ok(run, "the script must finish with exit status 0")
+    require(len(run.ranks()) == 2, f"{len(run.ranks())} processes joined the group", "nprocs=args.num_gpus")
     nodes = ws.two_nodes
-    _run_ok(nodes, "10", "both node commands must finish with exit status 0")
+    run_ok(nodes, "both node commands must finish with exit status 0")
     fingerprints = {e["sha1"] for t in nodes.traces.values() for e in t.named("parameters")}
     require(sorted(nodes.ranks()) == [0, 1] and len(fingerprints) == 1,
-            f"the two nodes ran ranks {sorted(nodes.ranks())} with {len(fingerprints)} different models", "10",
+            f"the two nodes ran ranks {sorted(nodes.ranks())} with {len(fingerprints)} different models",
             "both nodes must join one group of 2")
     return "mp.spawn starts 2 processes and the script exits 0; 2 node commands trained one model"
-
-
-CHECKS: dict[str, Callable[[Workspace], str | None]] = {
-    "0": check_0, "1": check_1, "2": check_2, "3": check_3, "4": check_4, "5": check_5, "6": check_6,
-    "6.5": check_6_5, "optional": check_optional, "7": check_7, "8": check_8, "9": check_9, "10": check_10,
-}
-
-
-RUNS = {"1": ["setup"], "2": ["setup"], "optional": ["program"], "10": ["program", "two_nodes"],
-        **{s: ["workers"] for s in ("3", "4", "5", "6", "6.5", "7", "8", "9")}}
-
-
-def answered_by(made: set[str]) -> list[str]:
-    """The steps whose checks read only runs in `made` (Step 0 reads none)."""
-    return [step for step in STEPS if set(RUNS.get(step, [])) <= made]
-
-
-def _with_problems(ws: Workspace, step: str, observed: str) -> str:
-    """`observed`, plus what went wrong in the runs the step read (a deadlock, a crash)."""
-    for name in RUNS.get(step, []):
-        run = ws.made().get(name)
-        problem = run.problem() if run is not None else None
-        if problem and problem not in observed:
-            observed += f"; {problem}"
-    return observed
-
-
-def check(ws: Workspace, step: str) -> Result:
-    """Run one step's check; a step before it that fails is named in the verdict."""
-    try:
-        observed = CHECKS[step](ws)
-    except Failed as failure:
-        earlier = _first_failing_before(ws, step)
-        if earlier is not None:
-            return Result(step, False, f"{_with_problems(ws, step, failure.observed)} (Step {earlier.step} is not "
-                          f"right yet either: {earlier.observed})", earlier.hint, earlier=earlier.step)
-        return Result(step, False, _with_problems(ws, step, failure.observed), failure.hint)
-    except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
-        return Result(step, False, f"the checker could not judge this step: {err}. This is the checker's "
-                      "problem, not your script's", "run the check again with fresh=True (or --fresh)",
-                      checker_error=True)
-    except Exception as err:  # a bug in the check itself, unless a run it reads went wrong first
-        problems = [p for name in RUNS.get(step, []) if (run := ws.made().get(name)) and (p := run.problem())]
-        if problems:
-            return Result(step, False, f"{problems[0]} (so there was too little to check this step)",
-                          todo(step, "run the script by hand to see what happens"))
-        return Result(step, False, f"the checker failed while checking this step ({type(err).__name__}: {err}). "
-                      "This is the checker's fault, not your script's", "please report it to the course's maintainers, "
-                      "with this message and your script", checker_error=True)
-    if observed is None:
-        return Result(step, None, "not applicable here: SyncBatchNorm needs GPUs, and the program run (2 processes) "
-                      "had fewer than 2 GPUs on this machine")
-    return Result(step, True, observed)
-
-
-def _first_failing_before(ws: Workspace, step: str) -> Result | None:
-    for earlier in STEPS[:STEPS.index(step)]:
-        if earlier == "optional":
-            continue
-        try:
-            CHECKS[earlier](ws)
-        except Failed as failure:
-            if not failure.inconclusive:  # a run cut short by a later step's bug says nothing about this one
-                return Result(earlier, False, failure.observed, failure.hint)
-        except Exception:  # check() reports a check's own failure; here it only hides an earlier step
-            continue
-    return None
-
-
-def script_path(path: str | Path | None = None) -> Path:
-    """The learner's script: `path`, else fashion_mnist.py here or in the parent folder."""
-    if path is not None:
-        return Path(path)
-    for folder in (Path.cwd(), Path.cwd().parent):
-        if (folder / "fashion_mnist.py").exists():
-            return folder / "fashion_mnist.py"
-    return Path("fashion_mnist.py")

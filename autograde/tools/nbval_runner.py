@@ -8,13 +8,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from autograde import launch
-
-REPO = Path(__file__).resolve().parent.parent
-NOTEBOOKS = REPO / "notebooks"
+from autograde import launch, paths
+REPO, NOTEBOOKS = paths.REPO, paths.NOTEBOOKS
 
 
-def learner_copy(folder: Path, script: Path = REPO / "solutions" / "fashion_mnist_solution.py") -> Path:
+def learner_copy(folder: Path, script: Path = paths.SOLUTION) -> Path:
     """The course in `folder` as a learner has it, with `script` as their fashion_mnist.py."""
     for name in ("notebooks", "exercises", "solutions"):
         shutil.copytree(REPO / name, folder / name)

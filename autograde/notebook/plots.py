@@ -4,7 +4,7 @@ Every function returns a matplotlib Figure and shows nothing itself: in a notebo
 last line of a cell and Jupyter draws it; elsewhere, `fig.savefig("name.png")`. The figures are closed
 in pyplot right away, so that Jupyter draws each one once and many calls hold no memory.
 
-    from autograde import plots
+    from autograde.notebook import plots
     plots.rank_layout(2, 2)
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from autograde.output import Epoch
+from autograde.checker.output import Epoch
 
 PADDED_HATCH = "///"  # how sampler_partition marks a sample the sampler repeated to even out the shards
 

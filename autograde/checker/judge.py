@@ -1,0 +1,65 @@
+"""Turns a check's outcome into a verdict: runs the item's check function (autograde/registry.py
+says which), names an earlier item that fails too, adds what went wrong in the runs it read,
+and tells the checker's own failures apart from the learner's."""
+from __future__ import annotations
+
+from autograde import registry
+from autograde.checker import runs
+from autograde.checker.runs import Workspace
+from autograde.checker.verdicts import Failed, Result
+
+
+def _with_problems(ws: Workspace, step: str, observed: str) -> str:
+    """`observed`, plus what went wrong in the runs the item read (a deadlock, a crash)."""
+    for name in registry.item(step).runs:
+        run = ws.made().get(name)
+        problem = run.problem() if run is not None else None
+        if problem and problem not in observed:
+            observed += f"; {problem}"
+    return observed
+
+
+def check(ws: Workspace, step: str) -> Result:
+    """Run one item's check; an item before it that fails is named in the verdict."""
+    item = registry.item(step)
+    try:
+        observed = item.check(ws)
+    except Failed as failure:
+        earlier = _first_failing_before(ws, step)
+        if earlier is not None:
+            return Result(step, False, f"{_with_problems(ws, step, failure.observed)} ({registry.item(earlier.step).label} "
+                          f"is not right yet either: {earlier.observed})", earlier.hint, earlier=earlier.step)
+        return Result(step, False, _with_problems(ws, step, failure.observed), failure.hint(step))
+    except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
+        return Result(step, False, f"the checker could not judge this step: {err}. This is the checker's "
+                      "problem, not your script's", "run the check again with fresh=True (or --fresh)",
+                      checker_error=True)
+    except Exception as err:  # a bug in the check itself, unless a run it reads went wrong first
+        problems = [p for name in item.runs if (run := ws.made().get(name)) and (p := run.problem())]
+        if problems:
+            return Result(step, False, f"{problems[0]} (so there was too little to check this step)",
+                          Failed("", "run the script by hand to see what happens").hint(step))
+        return Result(step, False, f"the checker failed while checking this step ({type(err).__name__}: {err}). "
+                      "This is the checker's fault, not your script's", "please report it to the course's maintainers, "
+                      "with this message and your script", checker_error=True)
+    if observed is None:
+        shown_by = " and the ".join(f"{name.replace('_', '-')} run" for name in item.runs)
+        return Result(step, None, f"not applicable here: {item.title} needs GPUs, and the {shown_by} had "
+                      "fewer than 2 GPUs on this machine")
+    return Result(step, True, observed)
+
+
+def _first_failing_before(ws: Workspace, step: str) -> Result | None:
+    """The first graded item of the same part, before `step`, whose check fails for sure."""
+    item = registry.item(step)
+    for earlier in registry.ITEMS[:registry.STEPS.index(step)]:
+        if earlier.needs_gpu or earlier.part != item.part:
+            continue
+        try:
+            earlier.check(ws)
+        except Failed as failure:
+            if not failure.inconclusive:  # a run cut short by a later step's bug says nothing about this one
+                return Result(earlier.id, False, failure.observed, failure.hint(earlier.id))
+        except Exception:  # check() reports a check's own failure; here it only hides an earlier step
+            continue
+    return None

@@ -1,0 +1,66 @@
+"""What a check says: a verdict (`Result`), and the failure a check raises (`Failed`).
+
+A check function of autograde/checks/ returns what it observed when the item is right, and
+raises `Failed` (through `require`) when it is wrong. It never names its own item: the judge
+(autograde/checker/judge.py) knows which item it is checking and turns `what` into the hint
+"see `# TODO Step N`: what".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autograde.checker.runs import Run
+
+
+@dataclass
+class Result:
+    """The verdict on one item: passed (True, False, or None where it cannot be checked here)."""
+
+    step: str
+    passed: bool | None
+    observed: str
+    hint: str | None = None
+    earlier: str | None = None  # an earlier item that fails too: fix that one first
+    checker_error: bool = False  # the checker, not the script, is at fault: never kept, never blamed on the learner
+
+    @property
+    def status(self) -> str:
+        return "ERROR" if self.checker_error else {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
+
+
+class Failed(Exception):
+    """A check's verdict that the item is wrong: what was seen, and what to do.
+
+    `what` becomes a hint that points at the item's TODO (or at `step`'s, for a helper that
+    several checks share but that is about one step); with `todo=False` it is the whole hint.
+    """
+
+    def __init__(self, observed: str, what: str, inconclusive: bool = False, step: str | None = None,
+                 todo: bool = True) -> None:
+        super().__init__(observed)
+        self.observed, self.what, self.step, self.todo = observed, what, step, todo
+        self.inconclusive = inconclusive  # the run stopped before it showed this item at work
+
+    def hint(self, item: str) -> str:
+        return todo_hint(self.step or item, self.what) if self.todo else self.what
+
+
+def todo_hint(step: str, what: str) -> str:
+    return f"see `# TODO {'Optional' if step == 'optional' else 'Step ' + step}`: {what}"
+
+
+def require(condition: object, observed: str, what: str, inconclusive: bool = False) -> None:
+    """Fail with `observed` and the hint `what` unless `condition` holds."""
+    if not condition:
+        raise Failed(observed, what, inconclusive)
+
+
+def evidence(condition: object, run: Run, missing: str) -> None:
+    """Fail as inconclusive when a run stopped before it showed what the item needs."""
+    require(condition, run.problem() or missing, "the earlier steps must work first", inconclusive=True)
+
+
+def run_ok(run: Run, what: str) -> None:
+    """Fail when a run that the item needs crashed or deadlocked."""
+    problem = run.problem()
+    require(problem is None, problem or "", what)

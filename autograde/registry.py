@@ -1,0 +1,87 @@
+"""Every graded item of the course, in one place: the single source of its facts.
+
+An item is one thing a learner does and a check judges: a step of the lab today, an exercise of
+a later part tomorrow. Its entry says what it is called, what it is worth, which file of the
+learner's it reads, which checkpoint shows it done, which runs its check needs and which
+function is its check. Everything else is derived from here or tested against it: `make check`
+and `autograde.assert_step`, the progress table, the order in which earlier failures are
+named, the nbgrader grade cells' points (tests/test_registry.py), the checkpoints' tests and the
+kept-verdict cache.
+
+To add a graded exercise: write its check in autograde/checks/<part>.py, then add one `Item` here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from autograde.checks import lab
+
+if TYPE_CHECKING:
+    from autograde.checker.runs import Workspace
+
+RUNS = ("setup", "workers", "program", "two_nodes")  # the runs autograde/checker/runs.py can make
+
+
+@dataclass(frozen=True)
+class Item:
+    """One graded item and everything that is known about it."""
+
+    id: str                 # what learners type: assert_step("6.5"), make check STEP=6.5
+    title: str
+    points: int             # 0: checked, but not graded
+    part: str               # the nbgrader assignment it belongs to
+    notebook: str           # the notebook whose check cell (and grade cell) runs it
+    file: str               # the learner's file the check reads, relative to the course folder
+    checkpoint: str | None  # the course's file with this item done (6.5 shares 6's; Optional, 7's)
+    runs: tuple[str, ...]   # the runs its check reads (none: it reads the source)
+    check: Callable[[Workspace], str | None]  # what it observed, or None: cannot apply on this machine
+    needs_gpu: bool = False  # it can only be judged where there are GPUs
+
+    @property
+    def graded(self) -> bool:
+        return self.points > 0
+
+    @property
+    def label(self) -> str:
+        return "Optional" if self.id == "optional" else f"Step {self.id}"
+
+    @property
+    def grade_id(self) -> str:
+        """The nbgrader grade cell's id: step_6_5."""
+        return f"step_{self.id.replace('.', '_')}"
+
+
+def _step(id: str, title: str, points: int, notebook: str, checkpoint: int, runs: tuple[str, ...],
+          check: Callable[[Workspace], str | None], needs_gpu: bool = False) -> Item:
+    return Item(id, title, points, "ddp_lab", notebook, "fashion_mnist.py",
+                f"solutions/fashion_mnist_after_step_{checkpoint}.py", runs, check, needs_gpu)
+
+
+S, W, P = ("setup",), ("workers",), ("program",)
+ITEMS: list[Item] = [
+    _step("0", "import torch.distributed", 1, "03_steps_0_to_2", 0, (), lab.check_0),
+    _step("1", "the layout's arguments", 1, "03_steps_0_to_2", 1, S, lab.check_1),
+    _step("2", "world size and rendezvous address", 1, "03_steps_0_to_2", 2, S, lab.check_2),
+    _step("3", "a function per process", 1, "04_steps_3_to_5", 3, W, lab.check_3),
+    _step("4", "join the process group", 2, "04_steps_3_to_5", 4, W, lab.check_4),
+    _step("5", "one download per node", 2, "04_steps_3_to_5", 5, W, lab.check_5),
+    _step("6", "DistributedSampler", 2, "05_step_6_sampler", 6, W, lab.check_6),
+    _step("6.5", "set_epoch", 1, "05_step_6_sampler", 6, W, lab.check_6_5),
+    _step("optional", "SyncBatchNorm", 0, "06_step_7_ddp", 7, P, lab.check_optional, needs_gpu=True),
+    _step("7", "DistributedDataParallel", 2, "06_step_7_ddp", 7, W, lab.check_7),
+    _step("8", "throughput over all processes", 2, "07_steps_8_and_9", 8, W, lab.check_8),
+    _step("9", "global validation metrics", 2, "07_steps_8_and_9", 9, W, lab.check_9),
+    _step("10", "mp.spawn and several nodes", 3, "08_step_10_launch", 10, ("program", "two_nodes"), lab.check_10),
+]
+STEPS = [item.id for item in ITEMS]  # in the order a learner does them
+BY_ID = {item.id: item for item in ITEMS}
+
+
+def item(id: str) -> Item:
+    return BY_ID[id]
+
+
+def answered_by(made: set[str]) -> list[str]:
+    """The items whose checks read only runs in `made` (an item that reads no run is always answered)."""
+    return [i.id for i in ITEMS if set(i.runs) <= made]

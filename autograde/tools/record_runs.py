@@ -1,0 +1,83 @@
+"""Record the runs that the check tests replay (tests/recorded/): the finished solution, the
+starter and every checkpoint, and every catalogued mistake (tests/mistakes.py), each checked for
+the items its test asks about. A recording holds the script it was made from, so a test can say
+when a file changed since and the recording must be made again.
+
+    python -m autograde.tools.record_runs            # everything (about 15 minutes on 2 cores)
+    python -m autograde.tools.record_runs solution no_set_epoch
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autograde import paths, registry
+from autograde.checker import judge
+from autograde.checker.runs import Workspace
+
+OUT = paths.REPO / "tests" / "recorded"
+GRADED = [i.id for i in registry.ITEMS if i.graded]
+
+
+def mistakes() -> list[Any]:
+    spec = importlib.util.spec_from_file_location("ddp_lab_mistakes", paths.REPO / "tests" / "mistakes.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return list(module.MISTAKES)
+
+
+def lab_files() -> dict[str, Path]:
+    """The starter and the checkpoints by name: each passes its steps and fails the next."""
+    return {"starter": paths.STARTER, **{f"after_step_{n}": paths.SOLUTIONS / f"fashion_mnist_after_step_{n}.py"
+                                         for n in range(10)}, "solution": paths.SOLUTION}
+
+
+def steps_after(name: str) -> list[str]:
+    """The items a file's test asks about: those it has done and the first it has not."""
+    if name == "solution":
+        return registry.STEPS
+    done = -1 if name == "starter" else GRADED.index(name.removeprefix("after_step_"))
+    if done >= 0 and GRADED[done] == "6":
+        done += 1  # 6.5 is done with 6
+    return GRADED[:done + 2]
+
+
+def record(name: str, script: Path, steps: list[str]) -> Path:
+    with Workspace(script) as ws:
+        verdicts = [judge.check(ws, step) for step in steps]
+        out = OUT / f"{name}.json.gz"
+        ws.save(out)
+    print(f"{name}: " + ", ".join(f"{v.step} {v.status}" for v in verdicts) + f" -> {out.relative_to(paths.REPO)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograde.tools.record_runs", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="what to record (default: everything)")
+    args = parser.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    files, catalogue = lab_files(), {m.name: m for m in mistakes()}
+    names = args.names or [*files, *catalogue]
+    unknown = [n for n in names if n not in files and n not in catalogue]
+    if unknown:
+        parser.error(f"unknown: {', '.join(unknown)} (choose from {', '.join([*files, *catalogue])})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            if name in files:
+                record(name, files[name], steps_after(name))
+            else:
+                mistake = catalogue[name]
+                script = Path(tmp) / "fashion_mnist.py"
+                script.write_text(mistake.apply(paths.SOLUTION.read_text()))
+                record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

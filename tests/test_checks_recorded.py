@@ -1,0 +1,79 @@
+"""Every check, on recorded runs, in milliseconds: the starter and each checkpoint pass their
+steps and fail the next, the finished solution passes everything, and each catalogued mistake
+fails its own step with its words. The recordings (tests/recorded/, made by
+`python -m autograde.tools.record_runs`) are real runs of the current files; a file changed since
+its recording fails here with the command that records it again. The same scripts are also checked
+launched for real in tests/test_autograde.py (the solution and the mistakes) and tests/test_styles.py.
+
+    pytest tests/test_checks_recorded.py      # after changing a check: seconds
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autograde import registry
+from autograde.checker import judge
+from autograde.checker.runs import Workspace
+from autograde.checker.verdicts import Result
+from autograde.tools.record_runs import OUT, lab_files, steps_after
+from conftest import SOLUTION
+from mistakes import MISTAKES, Mistake
+
+FILES = lab_files()
+
+
+def replay(name: str, source: str, steps: list[str]) -> dict[str, Result]:
+    path = OUT / f"{name}.json.gz"
+    assert path.is_file(), f"no recording of {name}: python -m autograde.tools.record_runs {name}"
+    ws = Workspace.replay(path)
+    try:
+        assert ws.script.read_text() == source, (f"{name} changed since it was recorded: "
+                                                 f"python -m autograde.tools.record_runs {name}")
+        verdicts = {step: judge.check(ws, step) for step in steps}
+    finally:
+        ws.close()
+    errors = [f"{r.step}: {r.observed}" for r in verdicts.values() if r.checker_error]
+    assert not errors, f"the checker failed on the recording of {name}: {errors}"
+    return verdicts
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_each_lab_file_passes_its_steps_and_fails_the_next(name: str) -> None:
+    steps = steps_after(name)
+    verdicts = replay(name, FILES[name].read_text(), steps)
+    if name == "solution":
+        assert {s: r.status for s, r in verdicts.items()} == {s: "n/a" if s == "optional" else "pass" for s in steps}
+        return
+    *done, following = steps
+    for step in done:
+        assert verdicts[step].passed is True, f"Step {step}: {verdicts[step].observed}"
+    failing = verdicts[following]
+    assert failing.passed is False and failing.hint and f"Step {following}" in failing.hint, failing
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
+def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistake) -> None:
+    steps = sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index)
+    verdicts = replay(mistake.name, mistake.apply(SOLUTION.read_text()), steps)
+    verdict = verdicts[mistake.step]
+    assert verdict.passed is False and mistake.expect in verdict.observed, verdict.observed
+    for step, words in mistake.also_fails:
+        assert verdicts[step].passed is False and words in verdicts[step].observed, verdicts[step].observed
+    if not mistake.also_fails:
+        assert "is not right yet" not in verdict.observed, f"an earlier step failed instead: {verdict.observed}"
+
+
+def test_a_replayed_workspace_makes_no_run_it_did_not_record() -> None:
+    ws = Workspace.replay(OUT / "starter.json.gz")  # Step 0 reads the source alone: no run recorded
+    try:
+        verdict = judge.check(ws, "1")
+    finally:
+        ws.close()
+    assert verdict.checker_error and "was not recorded" in verdict.observed, verdict
+
+
+def test_every_recording_is_of_a_lab_file_or_a_catalogued_mistake() -> None:
+    known = {*FILES, *(m.name for m in MISTAKES)}
+    assert {p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")} == known

@@ -1,0 +1,57 @@
+"""The registry of graded items is the one source of their facts: every other place that states
+one (the notebooks' check and grade cells, the checkpoints, the checks) agrees with it."""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+import pytest
+
+from autograde import course, registry
+from autograde.checker import api
+from conftest import ROOT
+
+ITEMS = registry.ITEMS
+
+
+def _cells(notebook: str) -> list[dict]:
+    return json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+
+
+def _argument(item: registry.Item) -> str:
+    return item.id if item.id.isdigit() else f'"{item.id}"'
+
+
+@pytest.mark.parametrize("item", ITEMS, ids=[i.id for i in ITEMS])
+def test_an_item_is_checked_in_its_notebook_and_graded_for_its_points(item: registry.Item) -> None:
+    cells = [c for c in _cells(item.notebook) if c["cell_type"] == "code"
+             and re.search(rf"assert_step\({re.escape(_argument(item))}[,)]", "".join(c["source"]))]
+    assert cells, f"{item.notebook} has no cell that checks {item.label}"
+    grading = [c["metadata"]["nbgrader"] for c in cells if c["metadata"].get("nbgrader", {}).get("grade")]
+    if item.graded:
+        assert [(g["grade_id"], g["points"]) for g in grading] == [(item.grade_id, item.points)]
+    else:
+        assert not grading, f"{item.label} is not graded, but {item.notebook} has a grade cell for it"
+
+
+@pytest.mark.parametrize("item", ITEMS, ids=[i.id for i in ITEMS])
+def test_an_item_names_real_files_and_its_check_lives_in_its_parts_module(item: registry.Item) -> None:
+    assert (ROOT / item.file).is_file() or item.file == "fashion_mnist.py"
+    assert item.checkpoint is None or (ROOT / item.checkpoint).is_file(), item.checkpoint
+    assert set(item.runs) <= set(registry.RUNS), item.runs
+    source = inspect.getsourcefile(item.check) or ""
+    assert source.startswith(str(ROOT / "autograde" / "checks")), source
+    assert item.check.__doc__, f"{item.check.__name__} must say what it proves"
+
+
+def test_ids_are_unique_and_every_part_is_an_nbgrader_assignment() -> None:
+    assert len({i.id for i in ITEMS}) == len(ITEMS)
+    assert {i.part for i in ITEMS} == {course.ASSIGNMENT}
+
+
+def test_the_command_line_and_the_notebooks_know_the_same_ids() -> None:
+    for item in ITEMS:
+        assert api.normalise(item.id) == item.id
+    with pytest.raises(ValueError, match="unknown step"):
+        api.normalise("11")

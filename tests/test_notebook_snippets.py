@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autograde import checks
 from conftest import ROOT, STARTER, snapshot
+from test_snapshots import STEPS as SNAPSHOTS, step_labels
 
 CODE = re.compile(r"```python\n(.*?)```", re.S)
 STEP = re.compile(r"search for `TODO (Step (\d+(?:\.5)?)|Optional)`")
@@ -29,8 +31,9 @@ def _edits() -> list[tuple[str, str, str]]:
 
 
 def checkpoint(step: str) -> Path:
-    """The checkpoint that holds a step's edit: 6.5 goes with 6, the Optional step with 7."""
-    return snapshot({"6.5": 6, "optional": 7}[step] if step in ("6.5", "optional") else int(step))
+    """The checkpoint that holds a step's edit (test_snapshots.step_labels: 6.5 goes with 6, Optional with 7)."""
+    label = "Optional" if step == "optional" else step
+    return snapshot(next(n for n in SNAPSHOTS if label in step_labels(n)))
 
 
 def _lines(code: str) -> list[str]:
@@ -44,7 +47,7 @@ EDITS = _edits()
 
 def test_every_step_notebook_has_its_edits() -> None:
     steps = {step for _, step, _ in EDITS}
-    assert steps == {"0", "1", "2", "3", "4", "5", "6", "6.5", "optional", "7", "8", "9", "10"}, steps
+    assert steps == set(checks.STEPS), steps
 
 
 @pytest.mark.parametrize("where,step,text", EDITS, ids=[f"{w}-step-{s}" for w, s, _ in EDITS])

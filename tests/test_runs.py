@@ -4,10 +4,7 @@ from __future__ import annotations
 from autograde import launch
 from autograde.checker import traces
 from autograde.checker.runs import Run
-
-
-def _trace(pid: int, *events: dict) -> traces.ProcessTrace:
-    return traces.ProcessTrace(pid, [{"t": k, **e} for k, e in enumerate(events)])
+from conftest import recorded_trace
 
 
 JOINED = [{"ev": "enter", "call": "init_process_group"}, {"ev": "exit", "call": "init_process_group", "rank_joined": 0}]
@@ -19,16 +16,16 @@ def _stalled(*process_traces: traces.ProcessTrace) -> Run:
 
 
 def test_a_stall_inside_a_collective_names_the_call_and_its_line() -> None:
-    run = _stalled(_trace(7, *JOINED, {"ev": "enter", "call": "barrier", "line": 170}))
+    run = _stalled(recorded_trace(*JOINED, {"ev": "enter", "call": "barrier", "line": 170}, pid=7))
     assert run.problem() == ("the two-node run deadlocked (nothing happened for 12 s or more): "
                              "waiting were rank 0 in dist.barrier() (line 170)")
 
 
 def test_a_stall_outside_any_collective_says_what_each_process_did_last() -> None:
     """A hang after the last collective (at exit, say) is told apart from one before the first."""
-    run = _stalled(_trace(7, *JOINED, {"ev": "enter", "call": "destroy_process_group"},
-                          {"ev": "exit", "call": "destroy_process_group"}),
-                   _trace(8, {"ev": "spawn", "nprocs": 1}))
+    run = _stalled(recorded_trace(*JOINED, {"ev": "enter", "call": "destroy_process_group"},
+                                  {"ev": "exit", "call": "destroy_process_group"}, pid=7),
+                   recorded_trace({"ev": "spawn", "nprocs": 1}, pid=8))
     problem = run.problem()
     assert problem is not None and "no process was in a torch.distributed call" in problem
     assert "rank 0: dist.destroy_process_group() returned" in problem and "process 8: spawn" in problem

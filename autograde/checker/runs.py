@@ -86,9 +86,11 @@ class Run:
         if self.stalled or any(r.timed_out for r in self.results):
             waiting = [f"{t.label()} in {where(e)}" for t in self.traces.values()
                        if (e := t.waiting_in()) is not None]
-            last = "; ".join(f"{t.label()}: {t.last_seen()}" for t in self.traces.values())
-            detail = (f"waiting were {'; '.join(waiting)}" if waiting
-                      else f"no process was in a torch.distributed call (last traced: {last})")
+            if waiting:
+                detail = f"waiting were {'; '.join(waiting)}"
+            else:
+                last = "; ".join(f"{t.label()}: {t.last_seen()}" for t in self.traces.values())
+                detail = f"no process was in a torch.distributed call (last traced: {last})"
             how = f"nothing happened for {STALL_SECONDS:.0f} s or more" if self.stalled else "it ran out of time"
             return f"the {self.name} deadlocked ({how}): {detail}"
         crashes = [e for t in self.traces.values() for e in t.named("crash")]

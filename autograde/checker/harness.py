@@ -43,26 +43,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-
-@dataclass
-class Setup:
-    """What the script's set-up code did with one command line."""
-
-    stop: str | None = None          # the call that ended the set-up run
-    error: str | None = None         # why it ended otherwise
-    options: list[str] = field(default_factory=list)    # the options the parser knows
-    dests: dict[str, str] = field(default_factory=dict)  # option -> attribute of args
-    argv: list[str] = field(default_factory=list)        # the command line actually given
-    values: dict[str, Any] = field(default_factory=dict)   # the parsed args, after main's changes
-    types: dict[str, str] = field(default_factory=dict)
-    defaults: dict[str, Any] | None = None
-    env: dict[str, str | None] = field(default_factory=dict)  # MASTER_ADDR/PORT when the first group starts
-    # where a world size may be kept: module-level integers, WORLD_SIZE in the environment,
-    # what init_process_group was given, and integers among mp.spawn's arguments
-    module_ints: dict[str, int] = field(default_factory=dict)
-    init: dict[str, Any] | None = None       # init_process_group's arguments, if the run got there
-    spawn: dict[str, Any] | None = None      # mp.spawn's function name, nprocs and integer arguments
-    spawned_error: str | None = None          # how the first spawned process failed before its process group
+from autograde.checker.formats import Child, Setup, Workers
 
 
 def _jsonable(value: Any) -> Any:
@@ -311,8 +292,7 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
         _import_as_mp_main(script, node.argv)
         assert node.payload is not None
         fn, args = pickle.loads(node.payload)
-        tracer.emit("worker_start", local_rank=local_rank, fn=getattr(fn, "__qualname__", repr(fn)),
-                    visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        tracer.emit("worker_start", fn=getattr(fn, "__qualname__", repr(fn)))
         fn(local_rank, *args)
         tracer.record_parameters()
         tracer.emit("worker_done", optimizer_steps=tracer.optimizer_steps())
@@ -355,7 +335,7 @@ def _node_in_own_process(script: str, argv: Argv, gpus: str) -> _Node:
 
 
 def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
-                save: Callable[[dict[str, Any]], None], node_gpus: list[str] | None = None) -> dict[str, Any]:
+                save: Callable[[Workers], None], node_gpus: list[str] | None = None) -> Workers:
     """Set up every node, then run, in one forked process per (node, local rank), what that node's
     mp.spawn would run (before Step 10: worker(local_rank, args)).
 
@@ -363,13 +343,13 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
     that a run stopped for hanging still says which process was which."""
     gpus = node_gpus or [""] * len(node_argvs)
     nodes = [_node_in_own_process(script, argv, gpus[k]) for k, argv in enumerate(node_argvs)]
-    report: dict[str, Any] = {"setups": [asdict(n.setup) for n in nodes], "children": []}
+    report = Workers([n.setup for n in nodes])
     failed = next((n for n in nodes if n.setup.stop is None or n.error or n.payload is None), None)
     if failed is not None:
-        report["error"] = failed.setup.error or failed.error or "no command line was parsed"
+        report.error = failed.setup.error or failed.error or "no command line was parsed"
         return report
     sys.stdout.flush()
-    children: dict[int, dict[str, Any]] = {}
+    children: dict[int, Child] = {}
     for index, node in enumerate(nodes):
         for local_rank in range(procs_per_node):
             pid = os.fork()
@@ -378,21 +358,20 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-            children[pid] = {"node": index, "local_rank": local_rank, "pid": pid, "exit": None}
-    report["children"] = list(children.values())
+            children[pid] = Child(node=index, local_rank=local_rank, pid=pid)
+    report.children = list(children.values())
     save(report)
     failed_at = None
-    while any(c["exit"] is None for c in children.values()):
+    running = set(children)
+    while running:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid:
-            children[pid]["exit"] = os.waitstatus_to_exitcode(status)
-            if children[pid]["exit"] != 0 and failed_at is None:
+            running.discard(pid)
+            if os.waitstatus_to_exitcode(status) != 0 and failed_at is None:
                 failed_at = time.monotonic()
         elif failed_at is not None and time.monotonic() - failed_at > 3:
-            for c in children.values():  # one process failed: stop the rest, as mp.spawn does
-                if c["exit"] is None:
-                    os.kill(c["pid"], signal.SIGKILL)
-                    c["stopped"] = True
+            for pid in running:  # one process failed: stop the rest, as mp.spawn does
+                os.kill(pid, signal.SIGKILL)
         else:
             time.sleep(0.02)
     return report
@@ -412,13 +391,13 @@ def main() -> None:
     os.environ["DDP_LAB_SCRIPT"] = script
     sys.path.insert(0, os.path.dirname(script))
 
-    def save(report: dict[str, Any]) -> None:
+    def save(report: Setup | Workers) -> None:
         with open(options.out + ".part", "w") as f:
-            json.dump(report, f)
+            json.dump(asdict(report), f)
         os.replace(options.out + ".part", options.out)
 
     if options.mode == "setup":
-        save(asdict(setup_run(script, json.loads(options.argv))))
+        save(setup_run(script, json.loads(options.argv)))
     else:
         save(workers_run(script, json.loads(options.nodes), options.procs_per_node, save, json.loads(options.node_gpus)))
 

@@ -14,6 +14,9 @@ offline, and a reader that does not wait for the download must lose the race). A
 while the model is in evaluation mode, the logits it produces for the validation set are
 turned into per-image losses, so that a check can compute the true global metrics.
 
+The events and their fields are the ones autograde/checker/formats.py lists. Code loaded
+beside the tracer can act at the points it traces (`on`, `model`): the tests' probe does.
+
 It is loaded through autograde/checker/_startup/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
 """
 from __future__ import annotations
@@ -45,8 +48,25 @@ _script = ""
 # interpreter shuts down outlives its process group, and gloo then aborts the process
 # ("terminate called without an active exception"; SIGABRT in 4 of 12 runs).
 _ddp: list["weakref.ref[Any]"] = []
+_moved: list["weakref.ref[Any]"] = []  # the first module moved with .to(): the model, before any DDP
 _val_datasets: set[int] = set()  # ids of validation data sets
+# Code loaded beside the tracer (the tests' probe, tests/probe) may act where it traces: see on().
+_listeners: dict[str, list[Callable[[], None]]] = {"validation": [], "optimizer_step": []}
 _eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}
+
+
+def on(point: str, listener: Callable[[], None]) -> None:
+    """Call `listener` at `point`: "validation" (a validation loop starts: the epoch's training
+    is done) or "optimizer_step" (after each optimizer step; optimizer_steps() counts them)."""
+    _listeners[point].append(listener)
+
+
+def model() -> Any:
+    """The model being trained: the module DDP wraps, else the first module moved with .to()."""
+    for ref in reversed(_ddp):
+        if (wrapped := ref()) is not None:
+            return wrapped.module
+    return _moved[0]() if _moved else None
 
 
 def _rank() -> int | None:
@@ -71,22 +91,6 @@ def emit(event: str, **fields: Any) -> None:
         f.write(json.dumps(record, default=repr) + "\n")
 
 
-def _small(value: Any) -> Any:
-    """A tensor's values if it is small, else its shape."""
-    import torch
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().flatten().tolist() if value.numel() <= 8 else {"shape": list(value.shape)}
-    return repr(value)[:80]
-
-
-def _op_name(op: Any) -> str:
-    import torch.distributed as dist
-    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
-        if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
-            return name
-    return repr(op)
-
-
 def _wrap_collective(module: Any, name: str) -> None:
     original = getattr(module, name, None)
     if original is None or getattr(original, "_ddp_lab", False):
@@ -94,21 +98,9 @@ def _wrap_collective(module: Any, name: str) -> None:
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        details: dict[str, Any] = {"call": name}
-        tensor = args[0] if args else kwargs.get("tensor")
-        if name in ("all_reduce", "reduce"):
-            details["op"] = _op_name(kwargs.get("op", args[2] if name == "reduce" and len(args) > 2
-                                                 else args[1] if name == "all_reduce" and len(args) > 1
-                                                 else module.ReduceOp.SUM))
-            details["value"] = _small(tensor)
-            if name == "reduce":
-                details["dst"] = kwargs.get("dst", args[1] if len(args) > 1 else None)
-        emit("enter", **details)
+        emit("enter", call=name)
         result = original(*args, **kwargs)
-        after = {"call": name}
-        if name in ("all_reduce", "reduce"):
-            after["value"] = _small(tensor)
-        emit("exit", **after)
+        emit("exit", call=name)
         return result
 
     wrapper._ddp_lab = True  # type: ignore[attr-defined]
@@ -124,9 +116,7 @@ def _patch_distributed() -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", args[0] if args else None)
         emit("enter", call="init_process_group", backend=str(backend) if backend else None,
-             rank=kwargs.get("rank"), world_size=kwargs.get("world_size"),
-             init_method=kwargs.get("init_method"), master_addr=os.environ.get("MASTER_ADDR"),
-             master_port=os.environ.get("MASTER_PORT"))
+             rank=kwargs.get("rank"), world_size=kwargs.get("world_size"))
         result = original_init(*args, **kwargs)
         emit("exit", call="init_process_group", rank_joined=dist.get_rank(), world_size=dist.get_world_size(),
              backend=str(dist.get_backend()))
@@ -186,7 +176,7 @@ def _patch_spawn() -> None:
                     return original(fn, args, nprocs, *rest, **kwargs)
                 except mp.ProcessExitedException as err:
                     if err.exit_code is not None and err.exit_code < 0:  # killed by a signal, not an error exit
-                        emit("child_signal", index=err.error_index, signal=err.signal_name or str(-err.exit_code))
+                        emit("child_signal", signal=err.signal_name or str(-err.exit_code))
                     raise
             return wrapper
 
@@ -201,7 +191,7 @@ def _patch_dataset() -> None:
 
     def __init__(self: Any, root: Any, train: bool = True, *args: Any, **kwargs: Any) -> None:
         download = kwargs.get("download", args[2] if len(args) > 2 else False)
-        emit("dataset_enter", root=os.path.abspath(str(root)), train=bool(train), download=bool(download))
+        emit("dataset_enter", train=bool(train), download=bool(download))
         try:
             original_init(self, root, train, *args, **kwargs)
         except Exception as err:
@@ -215,7 +205,7 @@ def _patch_dataset() -> None:
         staging = os.environ.get(STAGING)
         if not staging or self._check_exists():
             return original_download(self)
-        emit("download_start", root=os.path.abspath(str(self.root)))
+        emit("download_start")
         time.sleep(DOWNLOAD_SECONDS)
         os.makedirs(self.raw_folder, exist_ok=True)
         raw = os.path.join(staging, "FashionMNIST", "raw")
@@ -223,7 +213,7 @@ def _patch_dataset() -> None:
             partial = os.path.join(self.raw_folder, f"{name}.{os.getpid()}.part")
             shutil.copyfile(os.path.join(raw, name), partial)
             os.replace(partial, os.path.join(self.raw_folder, name))
-        emit("download_end", root=os.path.abspath(str(self.root)))
+        emit("download_end")
 
     FashionMNIST.__init__ = __init__  # type: ignore[method-assign]
     FashionMNIST.download = download  # type: ignore[method-assign]
@@ -240,7 +230,7 @@ def _patch_data_loading() -> None:
     def sampler_init(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
         original_sampler_init(self, dataset, *args, **kwargs)
         emit("sampler", sampler=id(self), dataset=id(dataset), num_replicas=self.num_replicas,
-             sampler_rank=self.rank, shuffle=self.shuffle, drop_last=self.drop_last, size=len(dataset))
+             sampler_rank=self.rank, drop_last=self.drop_last, size=len(dataset))
 
     def sampler_iter(self: Any) -> Any:
         indices = list(original_sampler_iter(self))
@@ -248,7 +238,7 @@ def _patch_data_loading() -> None:
         return iter(indices)
 
     def set_epoch(self: Any, epoch: int) -> None:
-        emit("set_epoch", sampler=id(self), epoch=epoch)
+        emit("set_epoch")  # the epoch it sets shows in the next sampler_iter
         original_set_epoch(self, epoch)
 
     DistributedSampler.__init__ = sampler_init  # type: ignore[method-assign]
@@ -261,19 +251,20 @@ def _patch_data_loading() -> None:
     def loader_init(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
         original_loader_init(self, dataset, *args, **kwargs)
         emit("loader", loader=id(self), dataset=id(dataset), sampler=id(self.sampler),
-             sampler_type=type(self.sampler).__name__, batch_size=self.batch_size)
+             sampler_type=type(self.sampler).__name__)
 
     def loader_iter(self: Any) -> Any:
         validation = id(self.dataset) in _val_datasets
         emit("loader_iter", loader=id(self), validation=validation)
         if validation:
             record_parameters("validation")  # after an epoch's training, before evaluating
+            for listener in _listeners["validation"]:
+                listener()
             _eval_capture.update(active=True, logits=[], labels=[])
-        batches = samples = 0
+        samples = 0
         exhausted = False
         try:
             for batch in original_loader_iter(self):
-                batches += 1
                 if isinstance(batch, (list, tuple)) and len(batch) == 2:
                     samples += len(batch[1])
                     if validation:
@@ -284,14 +275,14 @@ def _patch_data_loading() -> None:
             # A validation loop may also end early (a break past the padded images): what it
             # evaluated is still its output. A training loop left early (an error, say) did not end.
             if exhausted or validation:
-                _loader_end(self, validation, batches, samples)
+                _loader_end(self, validation, samples)
 
-    def _loader_end(self: Any, validation: bool, batches: int, samples: int) -> None:
+    def _loader_end(self: Any, validation: bool, samples: int) -> None:
         fields: dict[str, Any] = {}
         if validation:
             _eval_capture["active"] = False
             fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
-        emit("loader_end", loader=id(self), batches=batches, samples=samples, **fields)
+        emit("loader_end", loader=id(self), samples=samples, **fields)
 
     DataLoader.__init__ = loader_init  # type: ignore[method-assign]
     DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
@@ -312,6 +303,8 @@ def _count_step() -> None:
     _steps[0] += 1
     if _steps[0] == 1:
         emit("first_optimizer_step")
+    for listener in _listeners["optimizer_step"]:
+        listener()
 
 
 def optimizer_steps() -> int:
@@ -351,8 +344,10 @@ def _patch_models() -> None:
     original_to = nn.Module.to
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _moved:
+            _moved.append(weakref.ref(self))
         if any(d is not None and (self is d or self is d.module) for d in (ref() for ref in _ddp)):
-            emit("moved_after_wrap", to=repr(args[0] if args else kwargs))
+            emit("moved_after_wrap")
         return original_to(self, *args, **kwargs)
 
     nn.Module.to = to  # type: ignore[method-assign]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autograde.checker import output, traces
+from autograde.checker.formats import Child, Setup, Workers
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed, evidence, require, run_ok
 
@@ -37,28 +38,28 @@ def check_0(ws: Workspace) -> str:
 # Steps 1-2: the setup run -------------------------------------------------------------
 
 
-def _setup(ws: Workspace) -> dict:
+def _setup(ws: Workspace) -> Setup:
     report = ws.setup.report
     if report is None:
         raise Failed(ws.setup.problem() or "the setup run wrote no report", "run the script by hand to see why", todo=False)
-    return report
+    return Setup(**report)
 
 
 def check_1(ws: Workspace) -> str:
     """The command line takes integer --num-nodes, --node-id and --num-gpus, defaults 1, 0 and 1."""
     report = _setup(ws)
-    missing = [o for o in ("--num-nodes", "--node-id", "--num-gpus") if o not in report["options"]]
+    missing = [o for o in ("--num-nodes", "--node-id", "--num-gpus") if o not in report.options]
     require(not missing, f"the script has no {', '.join(missing)} option",
             "add the arguments with parser.add_argument(..., type=int)")
-    require(report["stop"], report["error"] or "", "the script must accept these options")
+    require(report.stop, report.error or "", "the script must accept these options")
     expected = {"--num-nodes": (3, 1), "--node-id": (2, 0), "--num-gpus": (2, 1)}
     for option, (given, default) in expected.items():
-        dest = report["dests"][option]
-        value = report["values"].get(dest)
-        require(report["types"].get(dest) == "int" and value == given,
-                f"{option} {given} gave args.{dest} = {value!r} ({report['types'].get(dest)})",
+        dest = report.dests[option]
+        value = report.values.get(dest)
+        require(report.types.get(dest) == "int" and value == given,
+                f"{option} {given} gave args.{dest} = {value!r} ({report.types.get(dest)})",
                 f"{option} needs type=int")
-        got = (report["defaults"] or {}).get(dest)
+        got = (report.defaults or {}).get(dest)
         require(got == default, f"{option} defaults to {got!r}", f"{option} should default to {default}")
     return "--num-nodes, --node-id, --num-gpus are integers with defaults 1, 0, 1"
 
@@ -67,17 +68,18 @@ def check_2(ws: Workspace) -> str:
     """With --num-nodes 3 --num-gpus 2 the world size is 6, and MASTER_ADDR and MASTER_PORT
     are set before any process group starts."""
     report = _setup(ws)
-    require(report["stop"], report["error"] or "the set-up code did not get to the training",
+    require(report.stop, report.error or "the set-up code did not get to the training",
             "the script should get as far as starting the training")
-    env = report["env"]
-    require(env.get("MASTER_ADDR"), "MASTER_ADDR is not set when the first process group starts",
+    env = report.env
+    crashed = f" ({report.spawned_error})" if report.spawned_error else ""  # it may have set them later
+    require(env.get("MASTER_ADDR"), f"MASTER_ADDR is not set when the first process group starts{crashed}",
             'set os.environ["MASTER_ADDR"] (node 0\'s address, e.g. "localhost")')
     require((env.get("MASTER_PORT") or "").isdigit(), f"MASTER_PORT is {env.get('MASTER_PORT')!r}",
             'set os.environ["MASTER_PORT"] to a free port, as a string')
-    port_dest = report["dests"].get("--master-port")
+    port_dest = report.dests.get("--master-port")
     if port_dest:
-        require(str(report["values"].get(port_dest)) == env["MASTER_PORT"],
-                f"MASTER_PORT is {env['MASTER_PORT']} but --master-port was {report['values'].get(port_dest)}", "set MASTER_PORT from --master-port")
+        require(str(report.values.get(port_dest)) == env["MASTER_PORT"],
+                f"MASTER_PORT is {env['MASTER_PORT']} but --master-port was {report.values.get(port_dest)}", "set MASTER_PORT from --master-port")
     world = _world_size_six(report)
     require(world, "no world size of 6 found for --num-nodes 3 --num-gpus 2: not in args, not in a module-level "
             "variable, not in WORLD_SIZE, not among mp.spawn's arguments, nor given to init_process_group",
@@ -86,15 +88,15 @@ def check_2(ws: Workspace) -> str:
             f"MASTER_PORT={env['MASTER_PORT']}")
 
 
-def _world_size_six(report: dict) -> list[str]:
+def _world_size_six(report: Setup) -> list[str]:
     """Every place the set-up run kept a world size of 6: wherever a script keeps it is fine."""
-    found = [f"args.{k}" for k, v in report["values"].items() if v == 6 and report["types"].get(k) == "int"]
-    found += [name for name, v in report.get("module_ints", {}).items() if v == 6]
-    if (report["env"].get("WORLD_SIZE") or "") == "6":
+    found = [f"args.{k}" for k, v in report.values.items() if v == 6 and report.types.get(k) == "int"]
+    found += [name for name, v in report.module_ints.items() if v == 6]
+    if (report.env.get("WORLD_SIZE") or "") == "6":
         found.append("WORLD_SIZE")
-    if (report.get("init") or {}).get("world_size") == 6:
+    if (report.init or {}).get("world_size") == 6:
         found.append("init_process_group's world_size")
-    if 6 in (report.get("spawn") or {}).get("ints", []):
+    if 6 in (report.spawn or {}).get("ints", []):
         found.append("an argument of mp.spawn")
     return found
 
@@ -102,19 +104,18 @@ def _world_size_six(report: dict) -> list[str]:
 # Steps 3-9: the workers run -------------------------------------------------------------
 
 
-def _children(ws: Workspace) -> list[dict]:
-    report = ws.workers.report
-    if report is None:
+def _children(ws: Workspace) -> list[Child]:
+    if ws.workers.report is None:
         raise Failed(ws.workers.problem() or "the workers run wrote no report", "see the error above", step="3")
-    if report.get("error"):
-        raise Failed(report["error"], "define worker(local_rank, args) and call it from main()",
-                     step="3")
-    return report["children"]
+    report = Workers.from_json(ws.workers.report)
+    if report.error:
+        raise Failed(report.error, "define worker(local_rank, args) and call it from main()", step="3")
+    return report.children
 
 
-def _by_child(ws: Workspace) -> list[tuple[dict, traces.ProcessTrace]]:
+def _by_child(ws: Workspace) -> list[tuple[Child, traces.ProcessTrace]]:
     """(node, local rank, pid) of every worker process, with its trace."""
-    return [(c, ws.workers.traces.get(c["pid"], traces.ProcessTrace(c["pid"]))) for c in _children(ws)]
+    return [(c, ws.workers.traces.get(c.pid, traces.ProcessTrace(c.pid))) for c in _children(ws)]
 
 
 def check_3(ws: Workspace) -> str:
@@ -140,10 +141,10 @@ def check_4(ws: Workspace) -> str:
     backend = "nccl" if ws.on_gpu("workers") else "gloo"
     for child, trace in _by_child(ws):
         inits = trace.calls("init_process_group")
-        who = f"the process of node {child['node']}, local rank {child['local_rank']}"
+        who = f"the process of node {child.node}, local rank {child.local_rank}"
         require(len(inits) == 1, f"{who} called init_process_group {len(inits)} times",
                 "call dist.init_process_group once, at the start of worker")
-        expected = child["node"] * ws.procs_per_node + child["local_rank"]
+        expected = child.node * ws.procs_per_node + child.local_rank
         joined = [e for e in trace.events if e["ev"] == "exit" and e.get("call") == "init_process_group"]
         rank = joined[0]["rank_joined"] if joined else inits[0].get("rank")
         require(rank == expected, f"{who} joined as rank {rank}; expected {expected}",
@@ -225,13 +226,13 @@ def _run_ok_until(run: Run, call: str) -> None:
 def check_5(ws: Workspace) -> str:
     """On each node one process downloads; the others build their data sets only after a
     barrier that the downloader reaches once its download is done."""
-    by_node: dict[int, list[tuple[dict, traces.ProcessTrace]]] = {}
+    by_node: dict[int, list[tuple[Child, traces.ProcessTrace]]] = {}
     for child, trace in _by_child(ws):
-        by_node.setdefault(child["node"], []).append((child, trace))
+        by_node.setdefault(child.node, []).append((child, trace))
     for node, members in sorted(by_node.items()):
         for child, trace in members:
             errors = trace.named("dataset_error")
-            require(not errors, f"node {node}, local rank {child['local_rank']} read the data set before it was "
+            require(not errors, f"node {node}, local rank {child.local_rank} read the data set before it was "
                     f"there ({errors[0]['error'] if errors else ''})",
                     "after the download, dist.barrier() on every process; read the files only after it")
         downloaders = [(c, t) for c, t in members
@@ -249,7 +250,7 @@ def check_5(ws: Workspace) -> str:
                 continue
             starts = [e["t"] for e in trace.named("dataset_enter")]
             require(starts and min(starts) >= barriers[0]["t"],
-                    f"node {node}, local rank {child['local_rank']} built its data set before the barrier",
+                    f"node {node}, local rank {child.local_rank} built its data set before the barrier",
                     "the other processes read the files only after dist.barrier()")
     return f"one download per node ({len(by_node)} nodes); the others waited at a barrier"
 
@@ -366,7 +367,7 @@ def check_optional(ws: Workspace) -> str | None:
         return None
     run = ws.program
     ddp = [e for t in run.traces.values() for e in t.named("ddp")]
-    require("--sync-bn" in (ws.setup.report or {}).get("options", []), "the script has no --sync-bn flag", 'parser.add_argument("--sync-bn", action="store_true")')
+    require("--sync-bn" in _setup(ws).options, "the script has no --sync-bn flag", 'parser.add_argument("--sync-bn", action="store_true")')
     require(ddp and all(e["sync_batchnorms"] == e["batchnorms"] > 0 for e in ddp),
             "with --sync-bn, some BatchNorm layers are not SyncBatchNorm",
             "model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP")

@@ -16,6 +16,7 @@ import argparse
 import struct
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -130,6 +131,21 @@ def has_data(root: Path) -> bool:
     raw = Path(root) / "FashionMNIST" / "raw"
     return all((raw / f"{p}-{kind}-idx{d}-ubyte").is_file()
                for p in ("train", "t10k") for kind, d in (("images", 3), ("labels", 1)))
+
+
+def choose(real: Path, fake: Path | None = None, train_size: int = 60000, val_size: int = 10000,
+           seed: int = 0, say: Callable[[str], None] | None = None) -> tuple[Path, bool]:
+    """Where to train, and whether it is the stand-in: Fashion-MNIST when `real` holds it, else
+    the stand-in in `fake` (default real/synthetic), written there first if it is missing.
+    Every tool that trains asks this, so the choice exists once."""
+    if has_data(real) and not is_synthetic(real):
+        return Path(real), False
+    fake = Path(fake) if fake is not None else Path(real) / "synthetic"
+    if not has_data(fake):
+        if say:
+            say(f"No Fashion-MNIST in {real} (`make data` downloads it): writing the synthetic stand-in to {fake} ...")
+        write_synthetic(fake, train_size, val_size, seed)
+    return fake, True
 
 
 def download(root: Path) -> None:

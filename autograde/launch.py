@@ -144,6 +144,21 @@ def run(cmd: Sequence[str | Path], *, timeout: float, cwd: str | Path | None = N
     return finish(start(cmd, cwd=cwd, env=env), timeout, started)
 
 
+def run_in_terminal(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
+                    env: Mapping[str, str] | None = None) -> int:
+    """Run `cmd` with its output on this terminal (`make run`), to its end or to Ctrl-C (130).
+    There is no time limit: the person who started it watches it; either way, nothing of its
+    process group is left running afterwards."""
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=child_env(env), stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        kill_group(proc.pid)
+
+
 def run_python(script: str | Path, *args: str | Path, timeout: float, cwd: str | Path | None = None,
                env: Mapping[str, str] | None = None) -> Result:
     """Run a Python script with this interpreter; see `run`."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import html
 import os
 import sys
@@ -9,11 +10,10 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from autograde.checker import cache, devices
 from autograde import paths, registry
-from autograde.checker import judge
-from autograde.checker.verdicts import Result
+from autograde.checker import cache, devices, judge
 from autograde.checker.runs import Workspace
+from autograde.checker.verdicts import Result
 
 Step = str | int | float
 FRESH = "DDP_LAB_FRESH"  # set to 1: every check runs the script again (for graders and notebooks alike)
@@ -195,3 +195,19 @@ def progress(script: str | Path | None = None, fresh: bool = False) -> list[Resu
         print(report(results))
         print("\n" + summary(results))
     return results
+
+
+_OPTIONS: dict[str, frozenset[str]] = {}
+
+
+def options(script: str | Path | None = None) -> frozenset[str]:
+    """The command-line options the script's parser accepts ("--master-port", ...), as its own
+    parser reports them in a setup run (one short launch per version of the file, then kept in
+    this process): what to pass is decided by what the script does, never by reading its text."""
+    path = paths.learner_script(script)
+    key = f"{path}:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+    if key not in _OPTIONS:
+        with Workspace(path) as ws:
+            report = ws.setup.report or {}
+        _OPTIONS[key] = frozenset(report.get("options", []))
+    return _OPTIONS[key]

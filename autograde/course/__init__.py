@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +114,7 @@ def add_hidden_tests(notebook: dict, name: str) -> list[str]:
 
 def _git(repo: Path, *args: str) -> str:
     try:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+        done = launch.run(["git", "-C", str(repo), *args], timeout=120)
     except FileNotFoundError:
         raise CourseError("git is not installed") from None
     if done.returncode != 0:
@@ -157,10 +156,10 @@ def course_files(repo: Path | None = None, rev: str = "HEAD") -> Release:
     paths = [p for p in names if p.endswith(".ipynb")] + COURSE_FILES
     files = {}
     for path in paths:
-        done = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:./{path}"], capture_output=True)
+        done = launch.run(["git", "-C", str(repo), "show", f"{commit}:./{path}"], timeout=120)
         if done.returncode != 0:
             raise CourseError(f"commit {commit[:12]} has no {path}")
-        files[path] = done.stdout
+        files[path] = done.stdout.encode()
     summary = _git(repo, "log", "-1", "--format=%h %ad %s", "--date=short", commit).strip()
     summary = summary if len(summary) <= 100 else summary[:97] + "..."  # a long subject: its start
     # what the working copy has that the release does not: edits, and notebooks never committed

@@ -67,18 +67,10 @@ def data_dir() -> tuple[Path, bool]:
     otherwise the stand-in, full size, in data/synthetic; in quick mode a small stand-in.
     """
     if QUICK:
-        root = Path(os.environ.get("DDP_LAB_QUICK_DATA", Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-lab-quick-data"))
-        if not data.has_data(root):
-            data.write_synthetic(root, *QUICK_SIZE, seed=5)
-        return root, True
+        quick = Path(os.environ.get("DDP_LAB_QUICK_DATA", Path(os.environ.get("TMPDIR", "/tmp")) / "ddp-lab-quick-data"))
+        return data.choose(quick, quick, *QUICK_SIZE, seed=5)[0], True
     real = Path(os.environ["DDP_LAB_DATA_DIR"]) if os.environ.get("DDP_LAB_DATA_DIR") else _course_data()
-    if data.has_data(real) and not data.is_synthetic(real):
-        return real, False
-    fake = real / "synthetic"
-    if not data.has_data(fake):
-        print(f"No Fashion-MNIST in {real} (`make data` downloads it): writing the synthetic stand-in to {fake} ...")
-        data.write_synthetic(fake)
-    return fake, True
+    return data.choose(real, say=print)
 
 
 def _course_data() -> Path:
@@ -181,7 +173,7 @@ def train(*args: str | Path, num_gpus: int | None = None, script_path: str | Pat
         if step_10.passed is False:
             raise LaunchError(f"--num-gpus {num_gpus} needs Step 10 done; its check says: {step_10.observed}")
     extra = [] if num_gpus is None else ["--num-gpus", str(num_gpus)]
-    if '"--master-port"' in path.read_text():  # from Step 2 on: a port nothing else holds
+    if "--master-port" in api.options(path):  # from Step 2 on: a port nothing else holds
         extra += ["--master-port", str(launch.free_port())]
     text = run([launch.PYTHON, path, *training_args(), *extra, *map(str, args)], timeout)
     epochs = output.epochs(text)

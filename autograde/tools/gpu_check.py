@@ -23,7 +23,6 @@ import datetime
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -160,8 +159,8 @@ def machine_lines(gpus: int) -> list[str]:
 
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]
     smi = shutil.which("nvidia-smi")
-    driver = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                            text=True).stdout.split("\n")[0].strip() if smi else "unknown"
+    driver = launch.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                        timeout=60).stdout.split("\n")[0].strip() if smi else "unknown"
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "unknown"
     return [f"- GPUs: {gpus} x {', '.join(sorted(set(names)))}",
             f"- PyTorch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}, driver {driver}",
@@ -185,12 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     report.add("Written by `make gpu-check` (autograde/tools/gpu_check.py) on the machine below.\n")
     for line in machine_lines(gpus):
         report.add(line)
-    if data.has_data(args.data_dir) and not data.is_synthetic(args.data_dir):
-        data_dir, what = args.data_dir, "Fashion-MNIST"
-    else:
-        data_dir, what = args.data_dir / "synthetic", "the synthetic stand-in (60,000 + 10,000 images; not Fashion-MNIST)"
-        if not data.has_data(data_dir):
-            data.write_synthetic(data_dir)
+    data_dir, synthetic = data.choose(args.data_dir)
+    what = "the synthetic stand-in (60,000 + 10,000 images; not Fashion-MNIST)" if synthetic else "Fashion-MNIST"
     report.add(f"- data: {what}, in {data_dir}")
     parts = {"training": lambda: training(report, gpus, data_dir), "checks": lambda: checks(report, gpus),
              "notebooks": lambda: notebooks(report)}

@@ -9,11 +9,10 @@ numbers for Fashion-MNIST results. Arguments after `--` go to the training scrip
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
-from autograde import data, paths
+from autograde import data, launch, paths
 ROOT, SOLUTION = paths.REPO, paths.SOLUTION
 BANNER = """\
 {rule}
@@ -21,15 +20,6 @@ BANNER = """\
   Training on the generated stand-in in {fake}/ instead.
   The numbers below are NOT Fashion-MNIST results.
 {rule}"""
-
-
-def choose_data(real: Path, fake: Path, train_size: int, val_size: int) -> tuple[Path, bool]:
-    """The folder to train on, and whether it is the stand-in (written now if missing)."""
-    if data.has_data(real) and not data.is_synthetic(real):
-        return real, False
-    if not data.has_data(fake):
-        data.write_synthetic(fake, train_size, val_size)
-    return fake, True
 
 
 def command(data_dir: Path, num_gpus: int, on_gpu: bool, extra: list[str]) -> list[str]:
@@ -54,15 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     on_gpu = torch.cuda.is_available()
     num_gpus = torch.cuda.device_count() if on_gpu else 2
-    data_dir, synthetic = choose_data(args.data_dir, args.synthetic_dir, *args.synthetic_size)
+    data_dir, synthetic = data.choose(args.data_dir, args.synthetic_dir, *args.synthetic_size)
     if synthetic:
         print(BANNER.format(rule="=" * 88, real=args.data_dir, fake=data_dir), flush=True)
     where = f"{num_gpus} GPU(s)" if on_gpu else f"{num_gpus} CPU processes (no GPU here)"
     print(f"make run: the finished solution on {where}", flush=True)
-    try:
-        return subprocess.run(command(data_dir, num_gpus, on_gpu, extra)).returncode
-    except KeyboardInterrupt:
-        return 130
+    return launch.run_in_terminal(command(data_dir, num_gpus, on_gpu, extra))
 
 
 if __name__ == "__main__":

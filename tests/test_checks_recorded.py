@@ -1,9 +1,10 @@
 """Every check, on recorded runs, in milliseconds: the starter and each checkpoint pass their
-steps and fail the next, the finished solution passes everything, and each catalogued mistake
-fails its own step with its words. The recordings (tests/recorded/, made by
+steps and fail the next, the finished solution passes everything, and each catalogued mistake,
+in the course's style and in the original lab's, fails its own step with its words. The recordings (tests/recorded/, made by
 `python -m autograde.tools.record_runs`) are real runs of the current files; a file changed since
 its recording fails here with the command that records it again. The same scripts are also checked
-launched for real in tests/test_autograde.py (the solution and the mistakes) and tests/test_styles.py.
+launched for real in tests/test_autograde.py (the solution, and the mistakes in the course's style)
+and tests/test_styles.py (nine correct styles, the original lab's among them).
 
     pytest tests/test_checks_recorded.py      # after changing a check: seconds
 """
@@ -17,9 +18,7 @@ from autograde import registry
 from autograde.checker import judge
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
-from autograde.tools.record_runs import OUT, lab_files, steps_after
-from conftest import SOLUTION
-from mistakes import MISTAKES, Mistake
+from autograde.tools.record_runs import OUT, lab_files, mistakes, steps_after
 
 FILES = lab_files()
 
@@ -53,10 +52,16 @@ def test_each_lab_file_passes_its_steps_and_fails_the_next(name: str) -> None:
     assert failing.passed is False and failing.hint and f"Step {following}" in failing.hint, failing
 
 
-@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
-def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistake) -> None:
+CATALOGUE = mistakes()
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_a_typical_mistake_fails_its_step_with_the_right_message(name: str) -> None:
+    """In the course's solution, and in the original lab's style ("original_..."): the same
+    step fails with the same words, and no earlier one unless the mistake really breaks it."""
+    mistake, correct = CATALOGUE[name]
     steps = sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index)
-    verdicts = replay(mistake.name, mistake.apply(SOLUTION.read_text()), steps)
+    verdicts = replay(name, mistake.apply(correct.read_text()), steps)
     verdict = verdicts[mistake.step]
     assert verdict.passed is False and mistake.expect in verdict.observed, verdict.observed
     for step, words in mistake.also_fails:
@@ -75,5 +80,5 @@ def test_a_replayed_workspace_makes_no_run_it_did_not_record() -> None:
 
 
 def test_every_recording_is_of_a_lab_file_or_a_catalogued_mistake() -> None:
-    known = {*FILES, *(m.name for m in MISTAKES)}
+    known = {*FILES, *CATALOGUE}
     assert {p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")} == known

@@ -24,10 +24,9 @@ import torch.nn.functional as F
 from torchvision.datasets import FashionMNIST
 from torchvision.transforms import ToTensor
 
+from autograde import course, launch, registry
 from autograde.checker import api
-from autograde import registry
 from autograde.checker.verdicts import Result
-from autograde import course, launch
 from conftest import PROBE, QUICK, TRAIN_SIZE
 
 STYLES_DIR = Path(__file__).resolve().parent / "styles"

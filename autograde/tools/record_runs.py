@@ -1,9 +1,9 @@
 """Record the runs that the check tests replay (tests/recorded/): the finished solution, the
-starter and every checkpoint, and every catalogued mistake (tests/mistakes.py), each checked for
-the items its test asks about. A recording holds the script it was made from, so a test can say
+starter and every checkpoint, and every catalogued mistake (tests/mistakes.py) in both of its
+styles, each checked for the items its test asks about. A recording holds the script it was made from, so a test can say
 when a file changed since and the recording must be made again.
 
-    python -m autograde.tools.record_runs            # everything (about 15 minutes on 2 cores)
+    python -m autograde.tools.record_runs            # everything (about 25 minutes on 2 cores)
     python -m autograde.tools.record_runs solution no_set_epoch
 """
 from __future__ import annotations
@@ -23,13 +23,24 @@ OUT = paths.REPO / "tests" / "recorded"
 GRADED = [i.id for i in registry.ITEMS if i.graded]
 
 
-def mistakes() -> list[Any]:
+ORIGINAL_LAB = paths.REPO / "tests" / "styles" / "original_lab.py"
+
+
+def _catalogue_module() -> Any:
     spec = importlib.util.spec_from_file_location("ddp_lab_mistakes", paths.REPO / "tests" / "mistakes.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
-    return list(module.MISTAKES)
+    return module
+
+
+def mistakes() -> dict[str, tuple[Any, Path]]:
+    """Every catalogued mistake by recording name, with the correct file it is made in: the
+    course's solution (its own name), and the original lab's style ("original_" + name)."""
+    module = _catalogue_module()
+    return {**{m.name: (m, paths.SOLUTION) for m in module.MISTAKES},
+            **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in module.ORIGINAL_LAB_MISTAKES}}
 
 
 def lab_files() -> dict[str, Path]:
@@ -62,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="what to record (default: everything)")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    files, catalogue = lab_files(), {m.name: m for m in mistakes()}
+    files, catalogue = lab_files(), mistakes()
     names = args.names or [*files, *catalogue]
     unknown = [n for n in names if n not in files and n not in catalogue]
     if unknown:
@@ -72,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             if name in files:
                 record(name, files[name], steps_after(name))
             else:
-                mistake = catalogue[name]
+                mistake, correct = catalogue[name]
                 script = Path(tmp) / "fashion_mnist.py"
-                script.write_text(mistake.apply(paths.SOLUTION.read_text()))
+                script.write_text(mistake.apply(correct.read_text()))
                 record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index))
     return 0
 

@@ -191,3 +191,13 @@ def test_module_level_arguments_are_each_nodes_own(tmp_path: Path) -> None:
     script.write_text(text)
     results = api.check_steps(["2", "4"], script)
     assert all(r.passed for r in results), [r.observed for r in results]
+
+
+def test_the_options_a_script_accepts_come_from_its_own_parser(tmp_path: Path) -> None:
+    """What lab.train passes (--master-port from Step 2 on) is decided by the script's parser,
+    not its text: single quotes, or an option the starter lacks, are told apart."""
+    script = tmp_path / "fashion_mnist.py"
+    script.write_text(SOLUTION.read_text().replace('"--master-port"', "'--master-port'"))
+    assert "'--master-port'" in script.read_text()
+    assert "--master-port" in api.options(script)
+    assert "--master-port" not in api.options(STARTER)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autograde import data, launch  # noqa: E402
-from autograde.checker import traces  # noqa: E402
+from autograde.checker import formats  # noqa: E402
 
 SOLUTIONS = ROOT / "solutions"
 STARTER = ROOT / "fashion_mnist.py"
@@ -39,9 +39,9 @@ def snapshot(step: int) -> Path:
     return SOLUTIONS / f"fashion_mnist_after_step_{step}.py"
 
 
-def recorded_trace(*events: dict, pid: int = 1) -> traces.ProcessTrace:
+def recorded_trace(*events: dict, pid: int = 1) -> formats.ProcessTrace:
     """A process's trace made by hand, events timed 0, 1, 2, ...: checks' logic without a launch."""
-    return traces.ProcessTrace(pid, [{"t": k, **e} for k, e in enumerate(events)])
+    return formats.ProcessTrace(pid, [{"t": k, **e} for k, e in enumerate(events)])
 
 
 @pytest.fixture(scope="session")

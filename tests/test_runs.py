@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from autograde import launch
-from autograde.checker import traces
+from autograde.checker import formats
 from autograde.checker.runs import Run
 from conftest import recorded_trace
 
@@ -10,7 +10,7 @@ from conftest import recorded_trace
 JOINED = [{"ev": "enter", "call": "init_process_group"}, {"ev": "exit", "call": "init_process_group", "rank_joined": 0}]
 
 
-def _stalled(*process_traces: traces.ProcessTrace) -> Run:
+def _stalled(*process_traces: formats.ProcessTrace) -> Run:
     result = launch.Result(returncode=-9, stdout="", stderr="", timed_out=False, seconds=13.0, leftover=False)
     return Run("two-node run", [result], {t.pid: t for t in process_traces}, stalled=True)
 

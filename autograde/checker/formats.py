@@ -2,13 +2,16 @@
 (the tracer, the harness) and the checker reads them (runs, checks). A field here is written by
 one side and read by the other; tests/test_formats.py fails on a field that nothing reads.
 
-- A trace is one JSON object per line and event: `t`, `pid`, `rank`, `ev`, `line`, and the
-  fields that EVENTS lists for its kind.
+- A trace is one JSON object per line and event, in `<trace dir>/trace-<pid>.jsonl`: `t`, `pid`,
+  `rank`, `ev`, `line`, and the fields that EVENTS lists for its kind. `read` gives each
+  process's as a `ProcessTrace`.
 - A run report is a `Setup` (the setup run) or a `Workers` (the workers run), as JSON.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Every event's own fields, by kind. "enter"/"exit" are torch.distributed calls (collectives,
@@ -85,3 +88,72 @@ class Workers:
     def from_json(cls, data: dict[str, Any]) -> Workers:
         return cls([Setup(**s) for s in data.get("setups", [])], [Child(**c) for c in data.get("children", [])],
                    data.get("error"))
+
+
+Event = dict[str, Any]
+
+
+@dataclass
+class ProcessTrace:
+    """Everything one process did, in order."""
+
+    pid: int
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int | None:
+        """The global rank the process joined the group with (None if it never joined)."""
+        for e in self.events:
+            if e["ev"] == "exit" and e.get("call") == "init_process_group":
+                return e.get("rank_joined", e.get("rank"))
+        return None
+
+    def named(self, *names: str) -> list[Event]:
+        return [e for e in self.events if e["ev"] in names]
+
+    def calls(self, call: str) -> list[Event]:
+        """The times the process entered a torch.distributed call."""
+        return [e for e in self.events if e["ev"] == "enter" and e.get("call") == call]
+
+    def waiting_in(self) -> Event | None:
+        """The call the process entered and never left (where it hung or died), if any."""
+        open_calls: list[Event] = []
+        for e in self.events:
+            if e["ev"] == "enter":
+                open_calls.append(e)
+            elif e["ev"] == "exit" and open_calls and open_calls[-1].get("call") == e.get("call"):
+                open_calls.pop()
+        return open_calls[-1] if open_calls else None
+
+    def last_seen(self) -> str:
+        """What the process did last, for a stall outside any collective: `dist.barrier() returned`."""
+        if not self.events:
+            return "nothing traced"
+        e = self.events[-1]
+        if e["ev"] in ("enter", "exit"):
+            return f"{where(e)} {'entered' if e['ev'] == 'enter' else 'returned'}"
+        return e["ev"].replace("_", " ")
+
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"process {self.pid}"
+
+
+def read(trace_dir: Path) -> dict[int, ProcessTrace]:
+    """Every process's trace in `trace_dir`, by pid. A line cut short by a kill is skipped."""
+    traces: dict[int, ProcessTrace] = {}
+    for path in sorted(Path(trace_dir).glob("trace-*.jsonl")):
+        pid = int(path.stem.split("-")[1])
+        trace = ProcessTrace(pid)
+        for line in path.read_text().splitlines():
+            try:
+                trace.events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        traces[pid] = trace
+    return traces
+
+
+def where(event: Event) -> str:
+    """`dist.barrier()` at line 170, or without the line where it is not known."""
+    line = event.get("line")
+    return f"dist.{event.get('call')}()" + (f" (line {line})" if line else "")

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from autograde import data, launch, paths
 from autograde.checker import devices
-from autograde.checker.traces import ProcessTrace, read as read_traces, where
+from autograde.checker.formats import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
 STARTUP = PACKAGE / "_startup"

@@ -11,8 +11,8 @@ import ast
 from dataclasses import dataclass
 from typing import Callable
 
-from autograde.checker import output, traces
-from autograde.checker.formats import Child, Setup, Workers
+from autograde.checker import output
+from autograde.checker.formats import Child, ProcessTrace, Setup, Workers, where
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed, evidence, require, run_ok
 
@@ -113,9 +113,9 @@ def _children(ws: Workspace) -> list[Child]:
     return report.children
 
 
-def _by_child(ws: Workspace) -> list[tuple[Child, traces.ProcessTrace]]:
+def _by_child(ws: Workspace) -> list[tuple[Child, ProcessTrace]]:
     """(node, local rank, pid) of every worker process, with its trace."""
-    return [(c, ws.workers.traces.get(c.pid, traces.ProcessTrace(c.pid))) for c in _children(ws)]
+    return [(c, ws.workers.traces.get(c.pid, ProcessTrace(c.pid))) for c in _children(ws)]
 
 
 def check_3(ws: Workspace) -> str:
@@ -168,7 +168,7 @@ def _gpu_run(ws: Workspace) -> str | None:
     return next((run for run in ("workers", "program") if ws.on_gpu(run)), None)
 
 
-def _gpu_processes(ws: Workspace, run_name: str) -> list[tuple[int, int, traces.ProcessTrace]] | None:
+def _gpu_processes(ws: Workspace, run_name: str) -> list[tuple[int, int, ProcessTrace]] | None:
     """(global rank, local rank, trace) of every process of a GPU run; None when the program run
     cannot show it yet (the script does not start its processes before Step 10)."""
     if run_name == "workers":
@@ -179,7 +179,7 @@ def _gpu_processes(ws: Workspace, run_name: str) -> list[tuple[int, int, traces.
     return [(r, r, t) for r, t in sorted(run.ranks().items())]  # one node: local rank = global rank
 
 
-def _gpu_note(ws: Workspace, check: Callable[[int, int, traces.ProcessTrace], None]) -> str:
+def _gpu_note(ws: Workspace, check: Callable[[int, int, ProcessTrace], None]) -> str:
     """Check the GPU-only part of a step in the run that can show it; say which run and devices."""
     run_name = _gpu_run(ws)
     if run_name is None:
@@ -192,7 +192,7 @@ def _gpu_note(ws: Workspace, check: Callable[[int, int, traces.ProcessTrace], No
     return f"; on GPUs: checked in the {run_name} run, on {ws.uses(run_name)}"
 
 
-def _pinned_before_group(rank: int, local_rank: int, trace: traces.ProcessTrace) -> None:
+def _pinned_before_group(rank: int, local_rank: int, trace: ProcessTrace) -> None:
     """Step 4 on GPUs: nccl, and torch.cuda.set_device(local_rank) before init_process_group."""
     init = next((i for i, e in enumerate(trace.events) if e["ev"] == "enter" and e.get("call") == "init_process_group"), None)
     pinned = [e for e in trace.events[:init] if e["ev"] == "set_device"] if init is not None else []
@@ -205,7 +205,7 @@ def _pinned_before_group(rank: int, local_rank: int, trace: traces.ProcessTrace)
             "on GPUs", 'backend "nccl" on GPUs')
 
 
-def _model_on_own_gpu(rank: int, local_rank: int, trace: traces.ProcessTrace) -> None:
+def _model_on_own_gpu(rank: int, local_rank: int, trace: ProcessTrace) -> None:
     """Step 7 on GPUs: the model on cuda:local_rank when wrapped, with device_ids=[local_rank]."""
     wraps = trace.named("ddp")
     require(wraps and wraps[0]["parameter_device"] == f"cuda:{local_rank}",
@@ -226,7 +226,7 @@ def _run_ok_until(run: Run, call: str) -> None:
 def check_5(ws: Workspace) -> str:
     """On each node one process downloads; the others build their data sets only after a
     barrier that the downloader reaches once its download is done."""
-    by_node: dict[int, list[tuple[Child, traces.ProcessTrace]]] = {}
+    by_node: dict[int, list[tuple[Child, ProcessTrace]]] = {}
     for child, trace in _by_child(ws):
         by_node.setdefault(child.node, []).append((child, trace))
     for node, members in sorted(by_node.items()):
@@ -255,14 +255,14 @@ def check_5(ws: Workspace) -> str:
     return f"one download per node ({len(by_node)} nodes); the others waited at a barrier"
 
 
-def _is_train_dataset(trace: traces.ProcessTrace, dataset: int) -> bool | None:
+def _is_train_dataset(trace: ProcessTrace, dataset: int) -> bool | None:
     for e in trace.named("dataset_exit"):
         if e["dataset"] == dataset:
             return bool(e["train"])
     return None
 
 
-def _iterated_loaders(trace: traces.ProcessTrace) -> dict[bool, dict]:
+def _iterated_loaders(trace: ProcessTrace) -> dict[bool, dict]:
     """The loader events of the training (True) and validation (False) loaders: the ones
     iterated, else the last ones made."""
     loaders = {e["loader"]: e for e in trace.named("loader")}
@@ -280,7 +280,7 @@ def _iterated_loaders(trace: traces.ProcessTrace) -> dict[bool, dict]:
     return found
 
 
-def _loader(ws: Workspace, rank: int, trace: traces.ProcessTrace, train: bool) -> dict:
+def _loader(ws: Workspace, rank: int, trace: ProcessTrace, train: bool) -> dict:
     """Rank `rank`'s training (or validation) loader; inconclusive if it made none."""
     loader = _iterated_loaders(trace).get(train)
     if loader is None:
@@ -290,7 +290,7 @@ def _loader(ws: Workspace, rank: int, trace: traces.ProcessTrace, train: bool) -
     return loader
 
 
-def _shards(trace: traces.ProcessTrace, sampler: int) -> list[list[int]]:
+def _shards(trace: ProcessTrace, sampler: int) -> list[list[int]]:
     return [e["indices"] for e in trace.named("sampler_iter") if e["sampler"] == sampler]
 
 
@@ -410,7 +410,7 @@ class _Epoch:
     prints_after_validation: str   # printed from the end of validation to the next epoch
 
 
-def _epochs(trace: traces.ProcessTrace) -> list[_Epoch]:
+def _epochs(trace: ProcessTrace) -> list[_Epoch]:
     """Each epoch of a rank, with what it printed after its training and after its validation:
     the epoch's report may say anything in any words, as long as its numbers are right."""
     starts = [e["t"] for e in trace.named("loader_iter") if not e["validation"]]
@@ -437,7 +437,7 @@ def _quote(text: str) -> str:
     return f"'{lines[-1][:160]}'" if lines else "nothing"
 
 
-def _epoch_seconds(trace: traces.ProcessTrace, epoch: _Epoch) -> float | None:
+def _epoch_seconds(trace: ProcessTrace, epoch: _Epoch) -> float | None:
     """How long the rank's epoch of training took, to the end of the barrier after it."""
     starts = [e["t"] for e in trace.named("loader_iter") if not e["validation"]]
     barrier = next((e for e in trace.events if e["ev"] == "exit" and e.get("call") == "barrier"
@@ -463,7 +463,7 @@ def check_8(ws: Workspace) -> str:
             first = after[0] if after else None
             require(first is not None and first.get("call") == "barrier",
                     f"rank {rank}: after the training of epoch {epoch} the first step is "
-                    f"{traces.where(first) if first and first['ev'] == 'enter' else 'validation'}, not a barrier", "dist.barrier() right after the training loop, before taking the time")
+                    f"{where(first) if first and first['ev'] == 'enter' else 'validation'}, not a barrier", "dist.barrier() right after the training loop, before taking the time")
     epochs = _epochs(ranks[0])
     evidence(epochs, ws.workers, "rank 0 finished no epoch")
     for ep in epochs:
@@ -479,7 +479,7 @@ def check_8(ws: Workspace) -> str:
     return "a barrier ends every epoch; the printed images/sec is the sum over ranks"
 
 
-def _validation_truth(ranks: dict[int, traces.ProcessTrace]) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+def _validation_truth(ranks: dict[int, ProcessTrace]) -> list[tuple[tuple[float, float], tuple[float, float]]]:
     """Per epoch: (loss, accuracy) over the whole validation set, and the average of the ranks' own.
     Raises Failed when some validation images were never evaluated (drop_last=True, say)."""
     per_rank = {}

@@ -15,9 +15,12 @@ from autograde.checker import formats
 from autograde.tools.record_runs import OUT
 
 RECORDINGS = sorted(OUT.glob("*.json.gz"))
-# The code that reads traces and reports (the writers, tracer and harness, are not readers).
+# The code that reads traces and reports: the checks, and the tests that prove something with a
+# field (visible_devices: each simulated node's GPUs, on a machine without any). The writers,
+# tracer and harness, are not readers.
 READERS = [p for p in (paths.REPO / "autograde").glob("check*/**/*.py")
-           if p.name not in ("tracer.py", "harness.py", "formats.py")]
+           if p.name not in ("tracer.py", "harness.py", "formats.py")] + \
+          [p for p in (paths.REPO / "tests").glob("test_*.py") if p.name != "test_formats.py"]
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=[p.name.split(".")[0] for p in RECORDINGS])

@@ -1,6 +1,7 @@
 """The formats that cross a process boundary, defined once: the launched processes write them
 (the tracer, the harness) and the checker reads them (runs, checks). A field here is written by
-one side and read by the other; tests/test_formats.py fails on a field that nothing reads.
+one side and read by the other (a check, or a test that proves something with it);
+tests/test_formats.py fails on a field that nothing reads.
 
 - A trace is one JSON object per line and event, in `<trace dir>/trace-<pid>.jsonl`: `t`, `pid`,
   `rank`, `ev`, `line`, and the fields that EVENTS lists for its kind. `read` gives each
@@ -40,7 +41,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "moved_after_wrap": (),
     "print": ("text",),
     # written by the harness (autograde/checker/harness.py) in the processes of the workers run
-    "worker_start": ("fn",),
+    "worker_start": ("fn", "visible_devices"),
     "worker_done": ("optimizer_steps",),
     "crash": ("error",),
 }

@@ -292,7 +292,8 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
         _import_as_mp_main(script, node.argv)
         assert node.payload is not None
         fn, args = pickle.loads(node.payload)
-        tracer.emit("worker_start", fn=getattr(fn, "__qualname__", repr(fn)))
+        tracer.emit("worker_start", fn=getattr(fn, "__qualname__", repr(fn)),
+                    visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))  # each node's own GPUs
         fn(local_rank, *args)
         tracer.record_parameters()
         tracer.emit("worker_done", optimizer_steps=tracer.optimizer_steps())

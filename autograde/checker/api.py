@@ -208,6 +208,5 @@ def options(script: str | Path | None = None) -> frozenset[str]:
     key = f"{path}:{hashlib.sha256(path.read_bytes()).hexdigest()}"
     if key not in _OPTIONS:
         with Workspace(path) as ws:
-            report = ws.setup.report or {}
-        _OPTIONS[key] = frozenset(report.get("options", []))
+            _OPTIONS[key] = ws.options
     return _OPTIONS[key]

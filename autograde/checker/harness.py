@@ -40,7 +40,7 @@ import sys
 import time
 import traceback
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 from autograde.checker.formats import Child, Setup, Workers

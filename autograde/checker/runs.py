@@ -295,9 +295,14 @@ class Workspace:
         return self._harness("workers run", "workers", nodes=nodes, procs_per_node=str(self.procs_per_node),
                              node_gpus=self.devices["workers"] or [""] * self.nodes)
 
+    @property
+    def options(self) -> frozenset[str]:
+        """The command-line options the script's parser knows, as the setup run saw them."""
+        return frozenset((self.setup.report or {}).get("options", []))
+
     def _argv(self, pairs: Argv) -> list[str]:
         """`pairs` as a command line, without the options the script does not know (from the setup run)."""
-        known = set((self.setup.report or {}).get("options", []))
+        known = self.options
         argv: list[str] = []
         for option, value in pairs:
             if option in known:

@@ -20,11 +20,12 @@ def course_file(relative: str | Path) -> Path:
     raise FileNotFoundError(f"{relative} is neither here ({Path.cwd()}) nor one folder up")
 
 
-def learner_script(path: str | Path | None = None) -> Path:
-    """The learner's script: `path`, else fashion_mnist.py found by `course_file` (else that name here)."""
+def learner_script(path: str | Path | None = None, default: str = "fashion_mnist.py") -> Path:
+    """The learner's script: `path`, else `default` (a path in the course folder, such as
+    exercises/compute_pi.py) found by `course_file` (else that path here)."""
     if path is not None:
         return Path(path)
     try:
-        return course_file("fashion_mnist.py")
+        return course_file(default)
     except FileNotFoundError:
-        return Path("fashion_mnist.py")
+        return Path(default)

@@ -15,12 +15,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import lab
+from autograde.checks import lab, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
 
-RUNS = ("setup", "workers", "program", "two_nodes")  # the runs autograde/checker/runs.py can make
+# The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
+# exercises, one family each ("pi/3": the pi family's run with 3 processes).
+RUNS = ("setup", "workers", "program", "two_nodes", "pi")
+
+
+def family(run_key: str) -> str:
+    """The kind of a run made (`pi/3` -> `pi`): what an item's `runs` names."""
+    return run_key.split("/")[0]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class Item:
     runs: tuple[str, ...]   # the runs its check reads (none: it reads the source)
     check: Callable[[Workspace], str | None]  # what it observed, or None: cannot apply on this machine
     needs_gpu: bool = False  # it can only be judged where there are GPUs
+    todo: str = ""           # the words after "# TODO" that mark it in the learner's file (default: Step <id>)
 
     @property
     def graded(self) -> bool:
@@ -44,6 +52,9 @@ class Item:
 
     @property
     def label(self) -> str:
+        """What the learner's file calls it: `# TODO Step 4`, `# TODO Optional`, `# TODO pi`."""
+        if self.todo:
+            return self.todo
         return "Optional" if self.id == "optional" else f"Step {self.id}"
 
     @property
@@ -52,9 +63,12 @@ class Item:
         return f"step_{self.id.replace('.', '_')}"
 
 
+LAB = "ddp_lab"  # the core lab's part (nbgrader assignment): the steps of fashion_mnist.py
+
+
 def _step(id: str, title: str, points: int, notebook: str, checkpoint: int, runs: tuple[str, ...],
           check: Callable[[Workspace], str | None], needs_gpu: bool = False) -> Item:
-    return Item(id, title, points, "ddp_lab", notebook, "fashion_mnist.py",
+    return Item(id, title, points, LAB, notebook, "fashion_mnist.py",
                 f"solutions/fashion_mnist_after_step_{checkpoint}.py", runs, check, needs_gpu)
 
 
@@ -74,6 +88,11 @@ ITEMS: list[Item] = [
     _step("9", "global validation metrics", 2, "07_steps_8_and_9", 9, W, lab.check_9),
     _step("10", "mp.spawn and several nodes", 3, "08_step_10_launch", 10, ("program", "two_nodes"), lab.check_10),
 ]
+TALK = "processes_talk"  # the part "how processes talk": exercises/*.py, each launched as a learner would
+ITEMS += [
+    Item("pi", "compute pi with all_reduce", 2, TALK, "11_compute_pi", "exercises/compute_pi.py",
+         "solutions/compute_pi.py", ("pi",), talk.check_pi, todo="pi"),
+]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 BY_ID = {item.id: item for item in ITEMS}
 
@@ -83,5 +102,7 @@ def item(id: str) -> Item:
 
 
 def answered_by(made: set[str]) -> list[str]:
-    """The items whose checks read only runs in `made` (an item that reads no run is always answered)."""
-    return [i.id for i in ITEMS if set(i.runs) <= made]
+    """The items whose checks read only runs of the kinds in `made` (an item that reads no run is
+    always answered)."""
+    kinds = {family(key) for key in made}
+    return [i.id for i in ITEMS if set(i.runs) <= kinds]

@@ -147,3 +147,22 @@ ORIGINAL_LAB_EDITS: dict[str, tuple[tuple[str, str], ...]] = {
     "spawn_without_main_guard": ((f"if __name__ == '__main__':\n    {_SPAWN}", _SPAWN),),
 }
 ORIGINAL_LAB_MISTAKES = [replace(m, edits=ORIGINAL_LAB_EDITS[m.name]) for m in MISTAKES]
+
+
+# The exercises' typical mistakes, each made in the exercise's solution (solutions/<file>.py, the
+# checkpoint autograde/registry.py names). Recorded real runs, replayed in tests/test_checks_recorded.py.
+PI_SHARE = ("    start = rank * intervals // world_size\n    stop = (rank + 1) * intervals // world_size\n")
+EXERCISE_MISTAKES = [
+    Mistake("pi_remainder_dropped", "pi", ((PI_SHARE, "    share = intervals // world_size\n"
+                                                      "    start, stop = rank * share, (rank + 1) * share\n"),),
+            "away from pi"),
+    Mistake("pi_no_all_reduce", "pi", (("    dist.all_reduce(part)\n", ""),), "printed no number near pi"),
+    Mistake("pi_all_reduce_max", "pi", (("    dist.all_reduce(part)\n",
+                                         "    dist.all_reduce(part, op=dist.ReduceOp.MAX)\n"),),
+            "printed no number near pi"),
+    Mistake("pi_everything_on_every_rank", "pi", ((PI_SHARE, "    start, stop = 0, intervals\n"),
+                                                  ("    part = f((i + 0.5) / intervals).sum() / intervals\n",
+                                                   "    part = f((i + 0.5) / intervals).sum() / intervals / world_size\n")),
+            "of what one process computes alone"),
+    Mistake("pi_too_few_decimals", "pi", (('print(f"pi = {pi:.15f}', 'print(f"pi = {pi:.4f}'),), "decimals"),
+]

@@ -18,7 +18,7 @@ from autograde import registry
 from autograde.checker import judge
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
-from autograde.tools.record_runs import OUT, lab_files, mistakes, steps_after
+from autograde.tools.record_runs import OUT, exercise_files, lab_files, mistakes, steps_after
 
 FILES = lab_files()
 
@@ -52,6 +52,19 @@ def test_each_lab_file_passes_its_steps_and_fails_the_next(name: str) -> None:
     assert failing.passed is False and failing.hint and f"Step {following}" in failing.hint, failing
 
 
+EXERCISES = exercise_files()
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_each_exercise_fails_untouched_and_passes_solved(name: str) -> None:
+    path, item = EXERCISES[name]
+    (verdict,) = replay(name, path.read_text(), [item]).values()
+    if name.endswith("_solution"):
+        assert verdict.passed is True, verdict.observed
+    else:
+        assert verdict.passed is False and verdict.hint and f"# TODO {registry.item(item).label}" in verdict.hint, verdict
+
+
 CATALOGUE = mistakes()
 
 
@@ -80,5 +93,5 @@ def test_a_replayed_workspace_makes_no_run_it_did_not_record() -> None:
 
 
 def test_every_recording_is_of_a_lab_file_or_a_catalogued_mistake() -> None:
-    known = {*FILES, *CATALOGUE}
+    known = {*FILES, *EXERCISES, *CATALOGUE}
     assert {p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")} == known

@@ -82,8 +82,9 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
     with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
         for step in wanted:
             known[step] = judge.check(ws, step)
+        file = registry.item(wanted[0]).file
         for step in registry.answered_by(set(ws.made())):
-            if step not in known:
+            if step not in known and registry.item(step).file == file:
                 known[step] = judge.check(ws, step)
         outside = {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
                    if (cause := run.outside_cause()) is not None}
@@ -102,7 +103,9 @@ def _checker_error(result: Result, runs: dict[str, str]) -> Result:
 def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None = None,
                 procs_per_node: int = 2, nodes: int = 2, fresh: bool = False,
                 quiet: bool = False) -> list[Result]:
-    """Check the given steps (all of them if None) of `script`; one verdict per step, in lab order.
+    """Check the given items (the lab's steps if None) of `script` (by default, the course's file
+    the items read: fashion_mnist.py, exercises/compute_pi.py, ...); one verdict per item, in
+    the registry's order.
 
     Verdicts already known for this exact file and layout are reused (see autograde/checker/cache.py),
     unless `fresh` (or $DDP_LAB_FRESH=1); the runs made for the steps asked also answer, and keep,
@@ -110,8 +113,16 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
     (a signal nobody in it sent, the time limit, a port taken by another program) is made again
     once; a step it fails twice gets an ERROR verdict that blames the checker, and is not kept.
     """
-    wanted = [s for s in registry.STEPS if s in ({normalise(s) for s in steps} if steps else set(registry.STEPS))]
-    path = paths.learner_script(script)
+    asked = {normalise(s) for s in steps} if steps else {i.id for i in registry.ITEMS if i.part == registry.LAB}
+    wanted = [s for s in registry.STEPS if s in asked]
+    files = sorted({registry.item(s).file for s in wanted})
+    if len(files) > 1:  # items of different files: each file's own runs
+        if script is not None:
+            raise ValueError(f"{', '.join(wanted)} read different files ({', '.join(files)}): check one file at a time")
+        found = {r.step: r for file in files for r in check_steps([s for s in wanted if registry.item(s).file == file],
+                                                                  None, procs_per_node, nodes, fresh, quiet)}
+        return [found[s] for s in wanted]
+    path = paths.learner_script(script, default=files[0])
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}: pass script='path/to/fashion_mnist.py'")
     fresh = fresh or os.environ.get(FRESH, "") not in ("", "0")
@@ -127,13 +138,13 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
             say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
     for step, result in verdicts.items():
-        affected = {name: cause for name, cause in outside.items() if name in registry.item(step).runs}
+        affected = {name: cause for name, cause in outside.items() if registry.family(name) in registry.item(step).runs}
         if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
             affected = affected or outside
         if affected and result.passed is False:
             verdicts[step] = _checker_error(result, affected)
     kept = {step: r for step, r in verdicts.items()
-            if not set(registry.item(step).runs) & set(outside) and not r.checker_error}
+            if not set(registry.item(step).runs) & {registry.family(name) for name in outside} and not r.checker_error}
     cache.save(path, procs_per_node, nodes, layout, {**known, **kept})
     return [verdicts[step] for step in wanted]
 

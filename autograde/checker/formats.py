@@ -44,6 +44,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "worker_start": ("fn", "visible_devices"),
     "worker_done": ("optimizer_steps",),
     "crash": ("error",),
+    # with DDP_LAB_COUNT_WORK=1: the elements the process's PyTorch operations computed, at destroy_process_group
+    "work": ("elements",),
 }
 
 

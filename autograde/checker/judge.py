@@ -11,12 +11,17 @@ from autograde.checker.verdicts import Failed, Result
 
 def _with_problems(ws: Workspace, step: str, observed: str) -> str:
     """`observed`, plus what went wrong in the runs the item read (a deadlock, a crash)."""
-    for name in registry.item(step).runs:
-        run = ws.made().get(name)
-        problem = run.problem() if run is not None else None
+    for run in _runs_read(ws, step):
+        problem = run.problem()
         if problem and problem not in observed:
             observed += f"; {problem}"
     return observed
+
+
+def _runs_read(ws: Workspace, step: str) -> list[runs.Run]:
+    """The runs made so far of the kinds the item reads."""
+    kinds = set(registry.item(step).runs)
+    return [run for key, run in ws.made().items() if registry.family(key) in kinds]
 
 
 def check(ws: Workspace, step: str) -> Result:
@@ -35,7 +40,7 @@ def check(ws: Workspace, step: str) -> Result:
                       "problem, not your script's", "run the check again with fresh=True (or --fresh)",
                       checker_error=True)
     except Exception as err:  # a bug in the check itself, unless a run it reads went wrong first
-        problems = [p for name in item.runs if (run := ws.made().get(name)) and (p := run.problem())]
+        problems = [p for run in _runs_read(ws, step) if (p := run.problem())]
         if problems:
             return Result(step, False, f"{problems[0]} (so there was too little to check this step)",
                           Failed("", "run the script by hand to see what happens").hint(step))

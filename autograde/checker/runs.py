@@ -4,7 +4,9 @@ traced processes with a time limit.
 - setup run (Steps 1-2): the script's own start-up code, stopped where real work begins;
 - workers run (Steps 3-9): 2 simulated nodes x N processes, each calling `worker`;
 - program run (Step 10): `python script.py --num-gpus 2`, as a learner types it;
-- two-node run (Step 10): two node commands started together.
+- two-node run (Step 10): two node commands started together;
+- launched runs (the exercises of later parts): `python script.py ARGS`, as a learner types it,
+  the script starting its own processes; made once per key (`launched("pi/3", ...)`).
 
 A run whose processes neither produce trace events nor use the CPU for STALL_SECONDS is
 deadlocked: it is stopped there, rather than at the time limit, and every process's
@@ -141,6 +143,7 @@ class Workspace:
         self.procs_per_node = procs_per_node
         self.nodes = nodes
         self.devices = devices.plan(gpus, procs_per_node, nodes)  # each run's GPUs, or None: the CPU
+        self.gpus = gpus  # a launched run sees them all (it starts one process per GPU if it can)
         self.root = Path(tempfile.mkdtemp(prefix="ddp-lab-check-"))
         self.staging = self.root / "staging"
         self.replaying = False  # True: the runs come from a recording (replay), and none is made
@@ -152,12 +155,12 @@ class Workspace:
     def save(self, path: Path) -> None:
         """Record the runs made so far, with the script, in `path` (gzipped JSON): a few kB that
         `replay` turns back into a workspace, so that a check can be tested without a launch."""
-        runs = {name: {"results": [dataclasses.asdict(r) for r in run.results], "report": run.report,
-                       "stalled": run.stalled, "argv": run.argv,
+        runs = {name: {"name": run.name, "results": [dataclasses.asdict(r) for r in run.results],
+                       "report": run.report, "stalled": run.stalled, "argv": run.argv,
                        "traces": {str(pid): t.events for pid, t in run.traces.items()}}
                 for name, run in self.made().items()}
         record = {"script": self.script.read_text(), "procs_per_node": self.procs_per_node, "nodes": self.nodes,
-                  "devices": self.devices, "runs": runs}
+                  "devices": self.devices, "gpus": self.gpus, "runs": runs}
         path.write_bytes(gzip.compress(json.dumps(record, sort_keys=True).encode(), mtime=0))
 
     @classmethod
@@ -167,13 +170,14 @@ class Workspace:
         record = json.loads(gzip.decompress(path.read_bytes()))
         ws = cls.__new__(cls)
         ws.say, ws.procs_per_node, ws.nodes, ws.devices = None, record["procs_per_node"], record["nodes"], record["devices"]
+        ws.gpus = record.get("gpus", 0)
         ws.root = Path(tempfile.mkdtemp(prefix="ddp-lab-replay-"))
         ws.staging, ws.script, ws.replaying = ws.root / "staging", ws.root / "fashion_mnist.py", True
         ws.script.write_text(record["script"])
         for name, run in record["runs"].items():
             traces = {int(pid): ProcessTrace(int(pid), events) for pid, events in run["traces"].items()}
-            ws.__dict__[name] = Run(RUN_NAMES[name], [launch.Result(**r) for r in run["results"]], traces, run["report"],
-                                    run["stalled"], run["argv"])
+            ws.__dict__[name] = Run(run.get("name") or RUN_NAMES[name], [launch.Result(**r) for r in run["results"]],
+                                    traces, run["report"], run["stalled"], run["argv"])
         return ws
 
     def __enter__(self) -> "Workspace":
@@ -183,8 +187,22 @@ class Workspace:
         self.close()
 
     def made(self) -> dict[str, Run]:
-        """The runs made so far, by name (setup, workers, program, two_nodes)."""
+        """The runs made so far, by key (setup, workers, program, two_nodes; "pi/3" for launched runs)."""
         return {name: run for name, run in vars(self).items() if isinstance(run, Run)}
+
+    def launched(self, key: str, label: str, argv: list[str], env: dict[str, str] | None = None) -> Run:
+        """`python <script> ARGV` as the learner would type it (the script starts its own
+        processes), traced, made once per `key` ("<family>/<which>": the family is what an item's
+        `runs` names in autograde/registry.py). `label` names it in verdicts ("run with 3 processes")."""
+        if key not in self.__dict__:
+            folder = self._folder(key.replace("/", "-"))
+            visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus)))}
+            results, stalled = self._launch(label, [[launch.PYTHON, str(self.script), *argv]], folder,
+                                            env={**visible, **(env or {})})
+            self.__dict__[key] = Run(label, results, read_traces(folder), None, stalled, argv)
+        run = self.__dict__[key]
+        assert isinstance(run, Run)
+        return run
 
     @property
     def ran_out_of_time(self) -> bool:
@@ -226,7 +244,7 @@ class Workspace:
                 ["--patience", 2], ["--data-dir", data_dir], ["--master-port", port or launch.free_port()]]
 
     def _launch(self, name: str, commands: list[list[str]], trace_dir: Path,
-                gpus: list[str] | None = None) -> tuple[list[launch.Result], bool]:
+                gpus: list[str] | None = None, env: dict[str, str] | None = None) -> tuple[list[launch.Result], bool]:
         """Start the commands together (command i sees GPUs gpus[i], all of them the CPU when None);
         stop them all at a deadlock or the time limit."""
         if self.replaying:
@@ -237,7 +255,7 @@ class Workspace:
         started = time.monotonic()
         if self.say:
             self.say(f"running the {name}: {self._describe(name, len(commands))} ...")
-        procs = [launch.start(cmd, cwd=self.root, env=self._env(trace_dir, gpus[i] if gpus else ""))
+        procs = [launch.start(cmd, cwd=self.root, env={**self._env(trace_dir, gpus[i] if gpus else ""), **(env or {})})
                  for i, cmd in enumerate(commands)]
         size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
         while any(p.poll() is None for p in procs) and time.monotonic() - started < TIME_LIMIT:

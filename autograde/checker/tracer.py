@@ -36,6 +36,7 @@ from typing import Any, Callable
 TRACE_DIR = "DDP_LAB_TRACE_DIR"
 STAGING = "DDP_LAB_STAGING"
 SCRIPT = "DDP_LAB_SCRIPT"
+COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch operation computes
 DOWNLOAD_SECONDS = 1.0
 
 COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -139,6 +140,8 @@ def _patch_distributed() -> None:
     @functools.wraps(original_destroy)
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
         record_parameters()
+        if _work:
+            emit("work", elements=_work[0])  # while the rank is still known
         emit("enter", call="destroy_process_group")
         result = original_destroy(*args, **kwargs)
         emit("exit", call="destroy_process_group")
@@ -369,6 +372,28 @@ def _patch_print() -> None:
     builtins.print = traced_print
 
 
+_work: list[int] = []  # elements computed so far by PyTorch operations, when they are counted
+
+
+def _count_work() -> None:
+    """Count, from now on, the elements of every tensor that a PyTorch operation produces: how
+    much arithmetic this process did, whatever its code looks like (a check can then tell a
+    process that computed its share from one that computed everything)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    _work.append(0)
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            result = func(*args, **(kwargs or {}))
+            _work[0] += sum(t.numel() for t in tree_leaves(result) if isinstance(t, torch.Tensor))
+            return result
+
+    Counter().__enter__()  # for the rest of the process
+
+
 def install(trace_dir: str) -> None:
     """Start tracing this process (and, through the environment, the processes it starts)."""
     global _trace_dir, _script
@@ -380,3 +405,5 @@ def install(trace_dir: str) -> None:
     _patch_data_loading()
     _patch_models()
     _patch_print()
+    if os.environ.get(COUNT_WORK) == "1":
+        _count_work()

@@ -45,8 +45,11 @@ class Failed(Exception):
         return todo_hint(self.step or item, self.what) if self.todo else self.what
 
 
-def todo_hint(step: str, what: str) -> str:
-    return f"see `# TODO {'Optional' if step == 'optional' else 'Step ' + step}`: {what}"
+def todo_hint(item: str, what: str) -> str:
+    """Where to look: the item's TODO marker in the learner's file."""
+    from autograde import registry  # here, not above: the registry imports the checks, which import this
+
+    return f"see `# TODO {registry.item(item).label}`: {what}"
 
 
 def require(condition: object, observed: str, what: str, inconclusive: bool = False) -> None:

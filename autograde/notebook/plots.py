@@ -236,3 +236,56 @@ def amdahl(t_parallel: float, t_sequential: float, t_comm_per_process: float, ma
     fig.suptitle(f"T(N) = {t_parallel:g} / N + {t_sequential:g} + {t_comm_per_process:g} (N - 1)")
     fig.tight_layout()
     return _finish(fig)
+
+
+RANK_COLOURS = [plt.get_cmap("tab10")(k) for k in range(10)]  # one colour per rank
+
+
+def pi_shares(world_size: int = 4, intervals: int = 16) -> Figure:
+    """The midpoint rule for pi = integral of 4 / (1 + x^2) over [0, 1]: `intervals` rectangles,
+    coloured by the rank that adds them up when rank r takes [r * n // N, (r + 1) * n // N)."""
+    if world_size < 1 or intervals < 1:
+        raise ValueError("world_size and intervals must be at least 1")
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    width = 1 / intervals
+    for rank in range(world_size):
+        for i in range(rank * intervals // world_size, (rank + 1) * intervals // world_size):
+            middle = (i + 0.5) * width
+            ax.add_patch(Rectangle((i * width, 0), width, 4 / (1 + middle * middle), alpha=0.6,
+                                   facecolor=RANK_COLOURS[rank % 10], edgecolor="white"))
+    xs = [k / 200 for k in range(201)]
+    ax.plot(xs, [4 / (1 + x * x) for x in xs], color="black", label="f(x) = 4 / (1 + x²)")
+    ax.legend(handles=[*ax.get_legend_handles_labels()[0],
+                       *[Patch(facecolor=RANK_COLOURS[r % 10], alpha=0.6, label=f"rank {r}") for r in range(world_size)]],
+              loc="upper right", fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 4.2)
+    ax.set_xlabel("x")
+    ax.set_title(f"{intervals} rectangles over {world_size} ranks: their areas add up to about pi")
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def fitted_scaling(seconds: dict[int, float], what: str = "wall time") -> Figure:
+    """Measured times against N, with the fit T(N) = T_sequential + T_parallel / N (least squares)
+    and the ideal T(1) / N: the fitted sequential part is what no number of processes removes."""
+    processes = sorted(seconds)
+    if len(processes) < 2:
+        raise ValueError("need times for at least two numbers of processes")
+    xs, ys = [1 / n for n in processes], [seconds[n] for n in processes]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    t_parallel, t_sequential = max(slope, 0.0), mean_y - max(slope, 0.0) * mean_x
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(processes, ys, "o", label=f"measured {what}")
+    ax.plot(processes, [t_sequential + t_parallel / n for n in processes], "-",
+            label=f"fit: {t_sequential:.2f} + {t_parallel:.2f} / N")
+    ax.plot(processes, [seconds[processes[0]] * processes[0] / n for n in processes], "--", color="grey",
+            label="ideal: T(1) / N")
+    ax.axhline(t_sequential, linestyle=":", color="black", label=f"sequential part: {t_sequential:.2f} s")
+    _scaling_axes(ax, processes, "seconds")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(f"{what} against the number of processes")
+    fig.tight_layout()
+    return _finish(fig)

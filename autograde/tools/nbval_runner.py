@@ -8,15 +8,19 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from autograde import launch, paths
+from autograde import launch, paths, registry
 REPO, NOTEBOOKS = paths.REPO, paths.NOTEBOOKS
 
 
 def learner_copy(folder: Path, script: Path = paths.SOLUTION) -> Path:
-    """The course in `folder` as a learner has it, with `script` as their fashion_mnist.py."""
+    """The course in `folder` as a learner has it, with `script` as their fashion_mnist.py and
+    each exercise done (its solution in place of the TODO file)."""
     for name in ("notebooks", "exercises", "solutions"):
         shutil.copytree(REPO / name, folder / name)
     shutil.copy(script, folder / "fashion_mnist.py")
+    for item in registry.ITEMS:
+        if item.part != registry.LAB and item.checkpoint:
+            shutil.copy(REPO / item.checkpoint, folder / item.file)
     return folder
 
 

@@ -1,6 +1,7 @@
 """Record the runs that the check tests replay (tests/recorded/): the finished solution, the
-starter and every checkpoint, and every catalogued mistake (tests/mistakes.py) in both of its
-styles, each checked for the items its test asks about. A recording holds the script it was made from, so a test can say
+starter and every checkpoint, every exercise's TODO file and solution, and every catalogued
+mistake (tests/mistakes.py; the lab's in both of its styles), each checked for the items its
+test asks about. A recording holds the script it was made from, so a test can say
 when a file changed since and the recording must be made again.
 
     python -m autograde.tools.record_runs            # everything (about 25 minutes on 2 cores)
@@ -20,7 +21,9 @@ from autograde.checker import judge
 from autograde.checker.runs import Workspace
 
 OUT = paths.REPO / "tests" / "recorded"
-GRADED = [i.id for i in registry.ITEMS if i.graded]
+LAB_STEPS = [i.id for i in registry.ITEMS if i.part == registry.LAB]
+GRADED = [i.id for i in registry.ITEMS if i.graded and i.part == registry.LAB]
+EXERCISES = [i for i in registry.ITEMS if i.part != registry.LAB]
 
 
 ORIGINAL_LAB = paths.REPO / "tests" / "styles" / "original_lab.py"
@@ -37,10 +40,19 @@ def _catalogue_module() -> Any:
 
 def mistakes() -> dict[str, tuple[Any, Path]]:
     """Every catalogued mistake by recording name, with the correct file it is made in: the
-    course's solution (its own name), and the original lab's style ("original_" + name)."""
+    lab's in the course's solution (its own name) and in the original lab's style ("original_" +
+    name), an exercise's in the exercise's solution."""
     module = _catalogue_module()
     return {**{m.name: (m, paths.SOLUTION) for m in module.MISTAKES},
-            **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in module.ORIGINAL_LAB_MISTAKES}}
+            **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in module.ORIGINAL_LAB_MISTAKES},
+            **{m.name: (m, paths.REPO / str(registry.item(m.step).checkpoint)) for m in module.EXERCISE_MISTAKES}}
+
+
+def exercise_files() -> dict[str, tuple[Path, str]]:
+    """Each exercise's TODO file ("<item>_exercise": it fails) and solution ("<item>_solution":
+    it passes), with the item."""
+    return {**{f"{i.id}_exercise": (paths.REPO / i.file, i.id) for i in EXERCISES},
+            **{f"{i.id}_solution": (paths.REPO / str(i.checkpoint), i.id) for i in EXERCISES}}
 
 
 def lab_files() -> dict[str, Path]:
@@ -52,7 +64,7 @@ def lab_files() -> dict[str, Path]:
 def steps_after(name: str) -> list[str]:
     """The items a file's test asks about: those it has done and the first it has not."""
     if name == "solution":
-        return registry.STEPS
+        return LAB_STEPS
     done = -1 if name == "starter" else GRADED.index(name.removeprefix("after_step_"))
     if done >= 0 and GRADED[done] == "6":
         done += 1  # 6.5 is done with 6
@@ -73,15 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="what to record (default: everything)")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    files, catalogue = lab_files(), mistakes()
-    names = args.names or [*files, *catalogue]
-    unknown = [n for n in names if n not in files and n not in catalogue]
+    files, exercises, catalogue = lab_files(), exercise_files(), mistakes()
+    everything = [*files, *exercises, *catalogue]
+    names = args.names or everything
+    unknown = [n for n in names if n not in everything]
     if unknown:
-        parser.error(f"unknown: {', '.join(unknown)} (choose from {', '.join([*files, *catalogue])})")
+        parser.error(f"unknown: {', '.join(unknown)} (choose from {', '.join(everything)})")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             if name in files:
                 record(name, files[name], steps_after(name))
+            elif name in exercises:
+                path, item = exercises[name]
+                record(name, path, [item])
             else:
                 mistake, correct = catalogue[name]
                 script = Path(tmp) / "fashion_mnist.py"

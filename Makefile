@@ -94,17 +94,20 @@ synthetic-data: setup
 # The nbgrader course (README, Instructors). FROM: the commit to release (default HEAD; FROM=files: the
 # files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course/__init__.py:
 # /usr/local/share/nbgrader/exchange). NBGRADER_ARGS: more options for nbgrader's exchange commands.
+# PART: the part of the course, an assignment of its own (default ddp_lab; processes_talk).
 FROM ?=
 EXCHANGE ?=
 NBGRADER_ARGS ?=
+PART ?=
 COURSE := $(PY) -m autograde.course
-EXCHANGE_OPT = $(if $(EXCHANGE),--exchange "$(EXCHANGE)") -- $(NBGRADER_ARGS)
+PART_OPT = $(if $(PART),--part "$(PART)")
+EXCHANGE_OPT = $(PART_OPT) $(if $(EXCHANGE),--exchange "$(EXCHANGE)") -- $(NBGRADER_ARGS)
 
 release: setup
-	$(COURSE) release $(if $(FROM),--from "$(FROM)")
+	$(COURSE) release $(PART_OPT) $(if $(FROM),--from "$(FROM)")
 
 grade: setup
-	$(COURSE) grade
+	$(COURSE) grade $(PART_OPT)
 
 .PHONY: release-exchange collect return-feedback
 release-exchange: setup

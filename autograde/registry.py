@@ -97,6 +97,35 @@ STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 BY_ID = {item.id: item for item in ITEMS}
 
 
+@dataclass(frozen=True)
+class Part:
+    """A part of the course: one nbgrader assignment, its notebooks and the files handed out with it."""
+
+    id: str
+    title: str
+    notebooks: str             # a glob of its notebooks in notebooks/
+    graded: str                # a glob of those with grade cells (grading runs only these)
+    extra_files: tuple[str, ...] = ()  # handed out besides the files its items read
+
+    @property
+    def files(self) -> list[str]:
+        """The learner's files of the part: those its items read, then the extras."""
+        read = [i.file for i in ITEMS if i.part == self.id]
+        return list(dict.fromkeys([*read, *self.extra_files]))
+
+    @property
+    def graded_notebooks(self) -> list[str]:
+        return list(dict.fromkeys(i.notebook for i in ITEMS if i.part == self.id and i.graded))
+
+
+PARTS = [
+    Part(LAB, "The DDP Lab: fashion_mnist.py, Steps 0-10", "0*.ipynb", "*step*",
+         ("exercises/big_batch_equivalence.py",)),
+    Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1*.ipynb", "1*"),
+]
+PART = {part.id: part for part in PARTS}
+
+
 def item(id: str) -> Item:
     return BY_ID[id]
 

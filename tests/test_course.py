@@ -19,8 +19,8 @@ POINTS = {item.id: item.points for item in registry.ITEMS if item.graded}
 STUDENT, SCRIPT = "through_step_5", snapshot(5)
 
 
-def make(target: str, course_dir: Path, timeout: float) -> launch.Result:
-    result = launch.run(["make", "--no-print-directory", target], cwd=ROOT, timeout=timeout,
+def make(target: str, course_dir: Path, timeout: float, *variables: str) -> launch.Result:
+    result = launch.run(["make", "--no-print-directory", target, *variables], cwd=ROOT, timeout=timeout,
                         env={"DDP_LAB_COURSE_DIR": str(course_dir)})
     assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
     return result
@@ -31,8 +31,8 @@ def course_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A course released from the committed notebooks, one submission copied in and graded."""
     root = tmp_path_factory.mktemp("course")
     make("release", root, timeout=300)
-    folder = root / "submitted" / STUDENT / course.ASSIGNMENT
-    shutil.copytree(root / "release" / course.ASSIGNMENT, folder)
+    folder = root / "submitted" / STUDENT / registry.LAB
+    shutil.copytree(root / "release" / registry.LAB, folder)
     shutil.copy(SCRIPT, folder / "fashion_mnist.py")
     make("grade", root, timeout=1800)
     return root
@@ -50,8 +50,8 @@ def grade_cells(folder: Path) -> dict[str, str]:
 
 def test_every_graded_step_has_one_grade_cell_with_its_points() -> None:
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    # grading runs the notebooks that match course.GRADED: exactly those with grade cells
-    assert [nb for nb in notebooks if cells(nb)] == sorted((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb"))
+    # grading runs each part's graded notebooks (tests/test_registry.py): exactly those with grade cells
+    assert {nb.stem for nb in notebooks if cells(nb)} == {n for p in registry.PARTS for n in p.graded_notebooks}
     found = [c for nb in notebooks for c in cells(nb)]
     points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in found}
     assert points == {course.grade_id(s): p for s, p in POINTS.items()}
@@ -66,7 +66,7 @@ def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
 
 
 def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -> None:
-    source = grade_cells(course_dir / "source" / course.ASSIGNMENT)
+    source = grade_cells(course_dir / "source" / registry.LAB)
     for step in POINTS:
         cell = source[course.grade_id(step)]
         if step in course.HIDDEN_TESTS:
@@ -75,12 +75,12 @@ def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -
             assert "HIDDEN TESTS" not in cell
     assert "autograde.assert_step(5, procs_per_node=1, nodes=3)" in source["step_5"]
     assert "autograde.assert_step(4, procs_per_node=3, nodes=1)" in source["step_4"]
-    released = grade_cells(course_dir / "release" / course.ASSIGNMENT)
+    released = grade_cells(course_dir / "release" / registry.LAB)
     assert released == grade_cells(ROOT / "notebooks")  # the student version: what learners ran
 
 
 def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
-    released = course_dir / "release" / course.ASSIGNMENT
+    released = course_dir / "release" / registry.LAB
     assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob("*.ipynb"))
     assert not (released / "solutions").exists()
 
@@ -90,9 +90,9 @@ def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, m
     assert course.grades(course_dir / "grades.csv") == {STUDENT: sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))}
     (outcome,) = course.outcomes()
     assert outcome.lost == ["6", "6.5", "7", "8", "9", "10"]
-    graded = course_dir / "autograded" / STUDENT / course.ASSIGNMENT / "fashion_mnist.py"
+    graded = course_dir / "autograded" / STUDENT / registry.LAB / "fashion_mnist.py"
     assert graded.read_text() == SCRIPT.read_text(), "the learner's script was replaced"
-    feedback = list((course_dir / "feedback" / STUDENT / course.ASSIGNMENT).glob("*.html"))
+    feedback = list((course_dir / "feedback" / STUDENT / registry.LAB).glob("*.html"))
     assert len(feedback) == len(list((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb")))
 
 
@@ -100,7 +100,7 @@ def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
     result = launch.run(["make", "--no-print-directory", "grade"], cwd=ROOT, timeout=120,
                         env={"DDP_LAB_COURSE_DIR": str(tmp_path)})
     assert result.returncode != 0 and "Traceback" not in result.output
-    assert f"error: no submissions: put each in {tmp_path}/submitted/<student>/{course.ASSIGNMENT}/" in result.output
+    assert f"error: no submissions: put each in {tmp_path}/submitted/<student>/{registry.LAB}/" in result.output
 
 
 # --- releases are built from a commit -------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path)
     (clone / "fashion_mnist.py").write_text(committed + "import torch.distributed as dist  # a half-done Step 0\n")
     shutil.copy(clone / "notebooks/03_steps_0_to_2.ipynb", clone / "notebooks/99_draft.ipynb")
     built = course.build_source(clone)
-    source = course.root() / "source" / course.ASSIGNMENT
+    source = course.root() / "source" / registry.LAB
     assert (source / "fashion_mnist.py").read_text() == committed
     assert not (source / "99_draft.ipynb").exists()
     commit = git(clone, "rev-parse", "--short=7", "HEAD").strip()
@@ -141,7 +141,7 @@ def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path)
 def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:
     (clone / "fashion_mnist.py").write_text("# edited\n")
     built = course.build_source(clone, course.WORKING_COPY)
-    assert (course.root() / "source" / course.ASSIGNMENT / "fashion_mnist.py").read_text() == "# edited\n"
+    assert (course.root() / "source" / registry.LAB / "fashion_mnist.py").read_text() == "# edited\n"
     assert "as they are" in built.origin
 
 
@@ -186,3 +186,23 @@ def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
     assert {line: log.keep(line) for line in lines} == lines
     assert log.counts == {"sqlalchemy": 1, "tcp": 1, "alt": 1, "hidden": 1}
     assert "1 grade cells restored with their hidden tests" in log.summary()
+
+
+def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path) -> None:
+    """`make release PART=processes_talk` hands out that part's notebooks and exercise files (not the
+    lab's), and `make grade PART=...` gives a solved exercise its points."""
+    part = registry.PART[registry.TALK]
+    make("release", tmp_path, 300, f"PART={part.id}")
+    released = tmp_path / "release" / part.id
+    assert sorted(p.stem for p in released.glob("*.ipynb")) == sorted(p.stem for p in (ROOT / "notebooks").glob(part.notebooks))
+    for file in part.files:
+        assert (released / file).read_text() == (ROOT / file).read_text(), file
+    assert not (released / "fashion_mnist.py").exists()
+    folder = tmp_path / "submitted" / "solved" / part.id
+    shutil.copytree(released, folder)
+    for item in registry.ITEMS:
+        if item.part == part.id:
+            shutil.copy(ROOT / str(item.checkpoint), folder / item.file)
+    make("grade", tmp_path, 1200, f"PART={part.id}")
+    assert course.grades(tmp_path / "grades.csv", part.id) == {
+        "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}

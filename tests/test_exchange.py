@@ -27,7 +27,7 @@ from autograde import course, launch, registry
 from conftest import ROOT, SOLUTION, STARTER
 
 LEARNERS = {"alice": SOLUTION, "bob": STARTER}
-POINTS = sum(item.points for item in registry.ITEMS if item.part == course.ASSIGNMENT)
+POINTS = sum(item.points for item in registry.ITEMS if item.part == registry.LAB)
 
 
 def make(target: str, course_dir: Path, timeout: float, **variables: str) -> str:
@@ -49,7 +49,7 @@ class Learner:
 
     def nbgrader(self, *args: str, exchange: Path) -> str:
         """A learner's nbgrader command, as the README gives it (the course's venv on PATH)."""
-        cmd = ["nbgrader", *args, course.ASSIGNMENT, f"--course={course.COURSE_ID}", f"--Exchange.root={exchange}",
+        cmd = ["nbgrader", *args, registry.LAB, f"--course={course.COURSE_ID}", f"--Exchange.root={exchange}",
                f"--student={self.name}"]
         result = launch.run(cmd, cwd=self.work, timeout=120,
                             env={"HOME": str(self.home), "JUPYTER_DATA_DIR": str(self.home / ".local/share/jupyter")})
@@ -78,7 +78,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> Course:
     for learner in learners.values():
         learner.work.mkdir(parents=True)
         learner.nbgrader("fetch_assignment", exchange=exchange)
-        shutil.copy(LEARNERS[learner.name], learner.work / course.ASSIGNMENT / "fashion_mnist.py")
+        shutil.copy(LEARNERS[learner.name], learner.work / registry.LAB / "fashion_mnist.py")
         learner.nbgrader("submit", exchange=exchange)
     make("collect", root, timeout=120, EXCHANGE=str(exchange))
     grade_log = make("grade", root, timeout=1800)
@@ -90,7 +90,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> Course:
 
 def fetched_feedback(learner: Learner) -> dict[str, str]:
     """The feedback pages the learner fetched: notebook name -> HTML."""
-    pages = sorted((learner.work / course.ASSIGNMENT / "feedback").glob("*/*.html"))
+    pages = sorted((learner.work / registry.LAB / "feedback").glob("*/*.html"))
     return {page.stem: page.read_text() for page in pages}
 
 
@@ -102,7 +102,7 @@ def text(fragment: str) -> str:
 def test_the_exchange_hands_out_the_committed_starter(graded: Course) -> None:
     committed = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:./fashion_mnist.py"],
                                capture_output=True, text=True, check=True).stdout
-    released = graded.exchange / course.COURSE_ID / "outbound" / course.ASSIGNMENT
+    released = graded.exchange / course.COURSE_ID / "outbound" / registry.LAB
     assert (released / "fashion_mnist.py").read_text() == committed
     assert not any("HIDDEN TESTS" in nb.read_text() or "procs_per_node" in nb.read_text()
                    for nb in released.glob("*.ipynb"))
@@ -110,9 +110,9 @@ def test_the_exchange_hands_out_the_committed_starter(graded: Course) -> None:
 
 def test_collect_files_each_submission_under_its_learner(graded: Course) -> None:
     for name, script in LEARNERS.items():
-        submitted = graded.root / "submitted" / name / course.ASSIGNMENT
+        submitted = graded.root / "submitted" / name / registry.LAB
         assert (submitted / "fashion_mnist.py").read_text() == script.read_text()
-        graded_script = graded.root / "autograded" / name / course.ASSIGNMENT / "fashion_mnist.py"
+        graded_script = graded.root / "autograded" / name / registry.LAB / "fashion_mnist.py"
         assert graded_script.read_text() == script.read_text(), f"{name}'s own script was not the one graded"
 
 
@@ -161,7 +161,7 @@ def test_feedback_shows_the_whole_verdict_hint_included(graded: Course) -> None:
 def test_a_learner_validates_with_nbgraders_api(graded: Course) -> None:
     """`nbgrader validate` exits 0 whatever it finds: its Python API says what failed (in Bob's
     folder, the starter, whose verdicts grading has kept: the kernel's start is most of the time)."""
-    (notebook,) = (graded.learners["bob"].work / course.ASSIGNMENT).glob("03_*.ipynb")
+    (notebook,) = (graded.learners["bob"].work / registry.LAB).glob("03_*.ipynb")
     failed = Validator(config=Config({"Execute": {"timeout": 900}})).validate(str(notebook))["failed"]
     assert [cell["source"].split(" (")[0] for cell in failed] == ["# Check Step 0", "# Check Step 1", "# Check Step 2"]
     assert "does not import torch.distributed" in failed[0]["raw_error"]

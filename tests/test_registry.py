@@ -2,13 +2,14 @@
 one (the notebooks' check and grade cells, the checkpoints, the checks) agrees with it."""
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import json
 import re
 
 import pytest
 
-from autograde import course, registry
+from autograde import registry
 from autograde.checker import api
 from conftest import ROOT
 
@@ -47,7 +48,18 @@ def test_an_item_names_real_files_and_its_check_lives_in_its_parts_module(item: 
 
 def test_ids_are_unique_and_every_part_is_an_nbgrader_assignment() -> None:
     assert len({i.id for i in ITEMS}) == len(ITEMS)
-    assert {i.part for i in ITEMS} == {course.ASSIGNMENT}
+    assert {i.part for i in ITEMS} == set(registry.PART)
+
+
+@pytest.mark.parametrize("part", registry.PARTS, ids=[p.id for p in registry.PARTS])
+def test_a_part_hands_out_its_notebooks_and_files_and_grades_exactly_its_graded_notebooks(part: registry.Part) -> None:
+    notebooks = {p.stem for p in (ROOT / "notebooks").glob(part.notebooks)}
+    assert set(part.graded_notebooks) <= notebooks, part.graded_notebooks
+    graded = {n for n in notebooks if fnmatch.fnmatch(n, part.graded)}
+    assert graded == set(part.graded_notebooks), (part.graded, graded)
+    assert all((ROOT / f).is_file() for f in part.files), part.files
+    others = [p for p in registry.PARTS if p is not part]
+    assert not any(notebooks & {n.stem for n in (ROOT / "notebooks").glob(o.notebooks)} for o in others)
 
 
 def test_the_command_line_and_the_notebooks_know_the_same_ids() -> None:

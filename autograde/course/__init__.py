@@ -15,14 +15,18 @@ is grading/ in the repository, git-ignored (or $DDP_LAB_COURSE_DIR); nbgrader al
 the only place it reads nbgrader_config.py from. Grading runs the notebooks in quick mode
 (DDP_LAB_QUICK=1): the training runs of the ungraded cells are tiny, the checks are not.
 
-    python -m autograde.course release [--from REV|files]
-    python -m autograde.course grade
-    python -m autograde.course release-exchange|collect|return-feedback [--exchange DIR] [-- NBGRADER_ARGS]
+    python -m autograde.course release [--from REV|files] [--part PART]
+    python -m autograde.course grade [--part PART]
+    python -m autograde.course release-exchange|collect|return-feedback [--exchange DIR] [--part PART] [-- NBGRADER_ARGS]
+
+PART is a part of the course (autograde/registry.py's PARTS), each an assignment of its own:
+ddp_lab (the default) or processes_talk.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import json
 import os
 import re
@@ -32,16 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from autograde import launch
+from autograde import launch, registry
 from autograde.paths import REPO
 
 HERE = Path(__file__).resolve().parent  # nbgrader runs here: it reads nbgrader_config.py from here only
 GRADING = REPO / "grading"  # the course's generated folders, git-ignored: see root()
-ASSIGNMENT = "ddp_lab"
 COURSE_ID = "ddp-lab"  # as in nbgrader_config.py; the learners' nbgrader commands name it with --course
-COURSE_FILES = ["fashion_mnist.py", "exercises/big_batch_equivalence.py"]
 NOTEBOOKS = "notebooks"
-GRADED = "*step*"  # the notebooks with grade cells: 03_steps_0_to_2 ... 08_step_10_launch
+# Each part of the course (autograde/registry.py's PARTS) is an nbgrader assignment of its own,
+# named by the part's id: its notebooks, and the learner's files its items read.
 WORKING_COPY = "files"  # `--from files`: build from the files as they are (outside a git checkout)
 # nbgrader's own default exchange, the one a learner's nbgrader (and JupyterLab's Assignments tab)
 # uses when nothing configures another: `make ... EXCHANGE=/path` or --exchange chooses one.
@@ -130,12 +133,13 @@ class Release:
     notes: list[str]
 
 
-def course_files(repo: Path | None = None, rev: str = "HEAD") -> Release:
-    """The notebooks and COURSE_FILES of the repository as committed in `rev` (or, with rev "files",
-    as they are)."""
+def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = registry.LAB) -> Release:
+    """The part's notebooks and learner's files in the repository as committed in `rev` (or, with
+    rev "files", as they are)."""
     repo = repo or REPO
+    notebooks, learner_files = registry.PART[part].notebooks, registry.PART[part].files
     if rev == WORKING_COPY:
-        paths = [f"{NOTEBOOKS}/{p.name}" for p in sorted((repo / NOTEBOOKS).glob("*.ipynb"))] + COURSE_FILES
+        paths = [f"{NOTEBOOKS}/{p.name}" for p in sorted((repo / NOTEBOOKS).glob(notebooks))] + learner_files
         missing = [p for p in paths if not (repo / p).is_file()]
         if missing:
             raise CourseError(f"{repo} has no {', '.join(missing)}")
@@ -153,7 +157,7 @@ def course_files(repo: Path | None = None, rev: str = "HEAD") -> Release:
                               f"`make release FROM={WORKING_COPY}` builds from the files as they are") from None
         raise CourseError(f"no commit {rev!r} in {repo}: name a commit, branch or tag (FROM=...)") from None
     names = _git(repo, "ls-tree", "--name-only", commit, "--", f"{NOTEBOOKS}/").split()
-    paths = [p for p in names if p.endswith(".ipynb")] + COURSE_FILES
+    paths = [p for p in names if fnmatch.fnmatch(Path(p).name, notebooks)] + learner_files
     files = {}
     for path in paths:
         done = launch.run(["git", "-C", str(repo), "show", f"{commit}:./{path}"], timeout=120)
@@ -163,18 +167,18 @@ def course_files(repo: Path | None = None, rev: str = "HEAD") -> Release:
     summary = _git(repo, "log", "-1", "--format=%h %ad %s", "--date=short", commit).strip()
     summary = summary if len(summary) <= 100 else summary[:97] + "..."  # a long subject: its start
     # what the working copy has that the release does not: edits, and notebooks never committed
-    changed = _git(repo, "diff", "--name-only", "--relative", commit, "--", NOTEBOOKS, *COURSE_FILES).split()
-    changed += _git(repo, "ls-files", "--others", "--exclude-standard", "--", f"{NOTEBOOKS}/*.ipynb").split()
+    changed = _git(repo, "diff", "--name-only", "--relative", commit, "--", f"{NOTEBOOKS}/{notebooks}", *learner_files).split()
+    changed += _git(repo, "ls-files", "--others", "--exclude-standard", "--", f"{NOTEBOOKS}/{notebooks}").split()
     notes = [f"note: the working copy differs from {commit[:12]} in {', '.join(sorted(set(changed)))}: "
              f"released as committed (commit the changes to release them)"] if changed else []
     label = f"commit {summary}" + ("" if rev == "HEAD" else f" ({rev})")
     return Release(files, label, notes)
 
 
-def build_source(repo: Path | None = None, rev: str = "HEAD") -> Release:
-    """source/ddp_lab/: the committed notebooks, with the hidden tests added, and the course files."""
-    release = course_files(repo, rev)
-    source = root() / "source" / ASSIGNMENT
+def build_source(repo: Path | None = None, rev: str = "HEAD", part: str = registry.LAB) -> Release:
+    """source/<part>/: the part's committed notebooks, with the hidden tests added, and its files."""
+    release = course_files(repo, rev, part)
+    source = root() / "source" / part
     shutil.rmtree(source, ignore_errors=True)
     source.mkdir(parents=True)
     with_hidden: list[str] = []
@@ -186,7 +190,7 @@ def build_source(repo: Path | None = None, rev: str = "HEAD") -> Release:
             with_hidden += add_hidden_tests(notebook, path)
             contents = (json.dumps(notebook, indent=1, ensure_ascii=False) + "\n").encode()
         target.write_bytes(contents)
-    unplaced = sorted(set(HIDDEN_TESTS) - set(with_hidden), key=float)
+    unplaced = sorted({s for s in HIDDEN_TESTS if registry.item(s).part == part} - set(with_hidden), key=float)
     if unplaced:
         raise CourseError(f"HIDDEN_TESTS names step(s) {', '.join(unplaced)}, but no notebook has their grade cell")
     return release
@@ -213,7 +217,7 @@ EXPLAINED = {
 def released_checksums() -> dict[str, str]:
     """grade_id -> the checksum of that grade cell in the student version (release/)."""
     sums = {}
-    for notebook in (root() / "release" / ASSIGNMENT).glob("*.ipynb"):
+    for notebook in (root() / "release").glob("*/*.ipynb"):  # every part's: grade ids are unique
         for cell in json.loads(notebook.read_text())["cells"]:
             meta = cell["metadata"].get("nbgrader", {})
             if meta.get("grade") and "checksum" in meta:
@@ -287,24 +291,24 @@ def nbgrader(*args: str, log_level: str = "WARN") -> str:
 
 # --- the commands ----------------------------------------------------------------------------------
 
-def release(rev: str = "HEAD") -> Path:
-    """Build the source assignment from `rev` and generate the student version; return its folder."""
-    built = build_source(rev=rev)
+def release(rev: str = "HEAD", part: str = registry.LAB) -> Path:
+    """Build the part's source assignment from `rev` and generate the student version; return its folder."""
+    built = build_source(rev=rev, part=part)
     notebooks = sum(p.startswith(f"{NOTEBOOKS}/") for p in built.files)
-    print(f"releasing {ASSIGNMENT} from {built.origin}: {notebooks} notebooks, {', '.join(COURSE_FILES)}")
+    print(f"releasing {part} from {built.origin}: {notebooks} notebooks, {', '.join(registry.PART[part].files)}")
     for note in built.notes:
         print(note)
-    nbgrader("generate_assignment", ASSIGNMENT, "--force")
-    released = root() / "release" / ASSIGNMENT
+    nbgrader("generate_assignment", part, "--force")
+    released = root() / "release" / part
     print(f"student version: {released} (hand it out, or `make release-exchange` on a shared machine)")
     return released
 
 
-def grades(path: Path) -> dict[str, float]:
-    """Each student's total score in the exported CSV."""
+def grades(path: Path, part: str = registry.LAB) -> dict[str, float]:
+    """Each student's total score for the part in the exported CSV."""
     with path.open(newline="") as handle:
         return {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(handle)
-                if row["assignment"] == ASSIGNMENT}
+                if row["assignment"] == part}
 
 
 @dataclass
@@ -315,8 +319,8 @@ class Outcome:
     lost: list[str]  # the steps with fewer points than they are worth, in step order
 
 
-def outcomes() -> list[Outcome]:
-    """Each graded student's score and the steps lost, from the gradebook."""
+def outcomes(part: str = registry.LAB) -> list[Outcome]:
+    """Each graded student's score for the part and the items lost, from the gradebook."""
     from nbgrader.api import Gradebook  # only where grading happens
 
     database = root() / "gradebook.db"
@@ -324,9 +328,9 @@ def outcomes() -> list[Outcome]:
         raise CourseError(f"no gradebook at {database}: run `make grade` first")
     found = []
     with Gradebook(f"sqlite:///{database}") as gradebook:
-        for submission in gradebook.assignment_submissions(ASSIGNMENT):
+        for submission in gradebook.assignment_submissions(part):
             cells = [g for nb in submission.notebooks for g in nb.grades]
-            lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=float)
+            lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=registry.STEPS.index)
             found.append(Outcome(submission.student_id, submission.score, submission.max_score, lost))
     return sorted(found, key=lambda o: o.student)
 
@@ -340,24 +344,25 @@ def summary(results: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def grade() -> Path:
-    """Autograde every submission, write feedback, export grades.csv, print the scores; return the CSV."""
+def grade(part: str = registry.LAB) -> Path:
+    """Autograde every submission of the part, write feedback, export grades.csv, print the scores;
+    return the CSV."""
     submitted = root() / "submitted"
-    students = sorted(p.parent.name for p in submitted.glob(f"*/{ASSIGNMENT}"))
+    students = sorted(p.parent.name for p in submitted.glob(f"*/{part}"))
     if not students:
-        raise CourseError(f"no submissions: put each in {submitted}/<student>/{ASSIGNMENT}/ "
+        raise CourseError(f"no submissions: put each in {submitted}/<student>/{part}/ "
                           f"(`make collect` does from the exchange)")
-    if not (root() / "source" / ASSIGNMENT).is_dir():
+    if not (root() / "source" / part).is_dir():
         raise CourseError("no source assignment: run `make release` first")
     # Only the step notebooks hold grade cells; running the others (training runs, plots) adds
     # minutes per learner and no points.
     print(f"autograding {len(students)} submission(s): {', '.join(students)} (minutes each: every check runs the script)")
-    nbgrader("autograde", ASSIGNMENT, f"--notebook={GRADED}", "--force")
-    nbgrader("generate_feedback", ASSIGNMENT, "--force")
+    nbgrader("autograde", part, f"--notebook={registry.PART[part].graded}", "--force")
+    nbgrader("generate_feedback", part, "--force")
     export = root() / "grades.csv"
     nbgrader("export", f"--to={export}")
-    print(summary(outcomes()))
-    print(f"grades: {export}; feedback: {root() / 'feedback'}/<student>/{ASSIGNMENT}/ "
+    print(summary(outcomes(part)))
+    print(f"grades: {export}; feedback: {root() / 'feedback'}/<student>/{part}/ "
           f"(`make return-feedback` hands it back through the exchange)")
     return export
 
@@ -370,16 +375,16 @@ def exchange_root(path: str) -> str:
     return str(folder.resolve())
 
 
-def exchange(command: str, exchange_dir: str, extra: Sequence[str] = ()) -> None:
+def exchange(command: str, exchange_dir: str, extra: Sequence[str] = (), part: str = registry.LAB) -> None:
     """release_assignment, collect or release_feedback through nbgrader's exchange at `exchange_dir`."""
     where = exchange_root(exchange_dir)
-    if command == "release_assignment" and not (root() / "release" / ASSIGNMENT).is_dir():
+    if command == "release_assignment" and not (root() / "release" / part).is_dir():
         raise CourseError("no student version to hand out: run `make release` first")
-    if command == "release_feedback" and not any((root() / "feedback").glob(f"*/{ASSIGNMENT}/*.html")):
+    if command == "release_feedback" and not any((root() / "feedback").glob(f"*/{part}/*.html")):
         raise CourseError("no feedback to hand back: run `make grade` first")
-    nbgrader(command, ASSIGNMENT, f"--Exchange.root={where}", *extra, log_level="INFO")
+    nbgrader(command, part, f"--Exchange.root={where}", *extra, log_level="INFO")
     if command == "collect":
-        print(f"submissions: {root() / 'submitted'}/<student>/{ASSIGNMENT}/ (next: `make grade`)")
+        print(f"submissions: {root() / 'submitted'}/<student>/{part}/ (next: `make grade`)")
 
 
 EXCHANGE_COMMANDS = {"release-exchange": "release_assignment", "collect": "collect", "return-feedback": "release_feedback"}
@@ -391,20 +396,25 @@ def main(argv: list[str] | None = None) -> int:
     make_release = commands.add_parser("release", help="build source/ from a commit and the student version release/")
     make_release.add_argument("--from", dest="rev", default="HEAD", metavar="REV",
                               help=f"the commit to release (default HEAD); '{WORKING_COPY}': the files as they are")
-    commands.add_parser("grade", help="autograde submitted/, write feedback/, export grades.csv")
+    make_grade = commands.add_parser("grade", help="autograde submitted/, write feedback/, export grades.csv")
+    subcommands = [make_release, make_grade]
     for name, nbgrader_command in EXCHANGE_COMMANDS.items():
         sub = commands.add_parser(name, help=f"nbgrader {nbgrader_command} through the exchange")
+        subcommands.append(sub)
         sub.add_argument("--exchange", default=os.environ.get("DDP_LAB_EXCHANGE") or EXCHANGE_DEFAULT,
                          help=f"the exchange folder, nbgrader's Exchange.root (default {EXCHANGE_DEFAULT})")
         sub.add_argument("nbgrader_args", nargs="*", help="more options for nbgrader, after --, e.g. -- --force")
+    for sub in subcommands:
+        sub.add_argument("--part", default=registry.LAB, choices=list(registry.PART),
+                         help=f"the part of the course, an assignment of its own (default {registry.LAB})")
     args = parser.parse_args(argv)
     try:
         if args.command == "release":
-            release(args.rev)
+            release(args.rev, args.part)
         elif args.command == "grade":
-            grade()
+            grade(args.part)
         else:
-            exchange(EXCHANGE_COMMANDS[args.command], args.exchange, args.nbgrader_args)
+            exchange(EXCHANGE_COMMANDS[args.command], args.exchange, args.nbgrader_args, args.part)
     except CourseError as err:
         parser.exit(1, f"error: {err}\n")
     return 0

@@ -16,9 +16,12 @@ c = get_config()  # type: ignore[name-defined]  # noqa: F821 (nbgrader provides 
 
 c.CourseDirectory.course_id = "ddp-lab"  # autograde/course/__init__.py's COURSE_ID; learners pass --course=ddp-lab
 c.CourseDirectory.root = os.environ.get("DDP_LAB_COURSE_DIR") or str(Path(__file__).resolve().parents[2] / "grading")
-# The learner's work is the edited fashion_mnist.py: without this, autograding silently replaces
-# it with the starter from source/ and every submission is graded as if untouched.
-c.Autograde.exclude_overwriting = {"ddp_lab": ["fashion_mnist.py"]}
+# The learner's work is the files they edit (fashion_mnist.py, exercises/...): without this,
+# autograding silently replaces them with the starters from source/ and every submission is
+# graded as if untouched.
+from autograde import registry  # noqa: E402
+
+c.Autograde.exclude_overwriting = {part.id: part.files for part in registry.PARTS}
 # A check cell runs the learner's script for real, several processes at a time: give it minutes.
 c.Execute.timeout = 1800
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

@@ -45,7 +45,8 @@ def check_pi(ws: Workspace) -> str:
         run_ok(run, "the script must run to the end with any --world-size")
         number = _printed_pi(run)
         require(number is not None, f"the {run.name} printed no number near pi: {output_tail(run)}",
-                "print pi on rank 0 once every rank holds the total")
+                "add up every rank's part with dist.all_reduce(part) (its default is a sum) before "
+                "printing: one rank's part is only a piece of pi")
         assert number is not None
         require(number.decimals >= 10, f"the {run.name} printed pi as {number.value} ({number.decimals} decimals)",
                 "print pi with at least 10 decimals (f\"{pi:.12f}\"), so that its accuracy shows")

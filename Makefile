@@ -70,10 +70,12 @@ test-notebooks: setup
 run: setup
 	$(PY) -m autograde.tools.run --data-dir $(DATA_DIR) --synthetic-dir $(SYNTHETIC_DIR) -- $(ARGS)
 
+# STEP: a step of the lab, `all` (the lab's steps) or an exercise's id (pi); SCRIPT: the file to
+# check (default: the one the item reads, fashion_mnist.py or exercises/<file>.py).
 STEP ?= all
-SCRIPT ?= fashion_mnist.py
+SCRIPT ?=
 check: setup
-	$(PY) -m autograde check $(if $(filter all,$(STEP)),--all,--step $(STEP)) --script $(SCRIPT)
+	$(PY) -m autograde check $(if $(filter all,$(STEP)),--all,--step $(STEP)) $(if $(SCRIPT),--script $(SCRIPT))
 
 bench: setup
 	$(PY) -m autograde.tools.bench

@@ -201,3 +201,13 @@ def test_the_options_a_script_accepts_come_from_its_own_parser(tmp_path: Path) -
     assert "'--master-port'" in script.read_text()
     assert "--master-port" in api.options(script)
     assert "--master-port" not in api.options(STARTER)
+
+
+def test_an_exercise_is_checked_by_launching_its_file_as_a_learner_would() -> None:
+    """`make check STEP=pi` finds exercises/compute_pi.py by itself, launches it (the launched kind
+    of run; every other verdict on it is replayed in tests/test_checks_recorded.py), and points
+    at the exercise's TODO."""
+    result = launch.run(["make", "--no-print-directory", "-s", "check", "STEP=pi"], cwd=ROOT, timeout=600,
+                        env={"DDP_LAB_FRESH": "1"})
+    assert result.returncode != 0, result.output
+    assert "# TODO pi" in result.output and "Step pi" not in result.output and "computed" in result.output, result.output

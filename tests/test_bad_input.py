@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
+from autograde import launch, registry
 from conftest import QUICK, ROOT, SOLUTION, STARTER, assert_clean_error, probe_env
 
 # Stands in for "no network": urllib sends every download to a port where nothing listens.
@@ -66,3 +66,13 @@ def test_gpu_check_says_no_gpu_in_one_line_where_there_is_none() -> None:
     assert result.returncode == 0, result.output
     (line,) = result.stdout.strip().splitlines()
     assert line.startswith("make gpu-check: no GPU on this machine") and not result.stderr, result.output
+
+
+EXERCISES = sorted({item.file for item in registry.ITEMS if item.part != registry.LAB})
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+@pytest.mark.parametrize("value,words", [("0", "below 1"), ("two", "not a whole number")])
+def test_an_exercise_refuses_a_bad_world_size_in_one_line(exercise: str, value: str, words: str) -> None:
+    result = launch.run_python(ROOT / exercise, "--world-size", value, timeout=60)
+    assert_clean_error(result, "--world-size", words)

@@ -28,12 +28,12 @@ class CheckFailed(AssertionError):
 
     def __init__(self, result: Result) -> None:
         self.result = result
-        super().__init__(f"Step {result.step}: {result.observed}" + (f". Hint: {result.hint}" if result.hint else ""))
+        super().__init__(f"{_label(result.step)}: {result.observed}" + (f". Hint: {result.hint}" if result.hint else ""))
 
     def lines(self, width: int = 100) -> list[str]:
         """The verdict as short lines: the step and its status, what was seen, where to look."""
         r = self.result
-        body = [f"Step {r.step} {r.status}"]
+        body = [f"{_label(r.step)} {r.status}"]
         body += textwrap.wrap(r.observed, width, initial_indent="  observed: ", subsequent_indent=" " * 12)
         if r.hint:
             body += textwrap.wrap(r.hint, width, initial_indent="  hint: ", subsequent_indent=" " * 8)
@@ -42,6 +42,11 @@ class CheckFailed(AssertionError):
     def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of a traceback
         first, *rest = self.lines()
         return [f"\x1b[1;31m{first}\x1b[0m", *rest]
+
+
+def _label(step: str) -> str:
+    """How verdicts name an item: Step 4, Optional, pi."""
+    return registry.item(step).label
 
 
 def normalise(step: Step) -> str:
@@ -160,12 +165,12 @@ def assert_step(step: Step, script: str | Path | None = None, procs_per_node: in
     (result,) = check_steps([step], script, procs_per_node, nodes, fresh=fresh)
     if result.passed is False:
         raise CheckFailed(result)
-    print(f"Step {result.step}: {result.status}: {result.observed}")
+    print(f"{_label(result.step)}: {result.status}: {result.observed}")
 
 
 def report(results: Sequence[Result]) -> str:
     """The verdicts as the command line prints them: a line per step, a hint under a failure."""
-    return "\n".join(f"Step {r.step:<8} {r.status:<5} {r.observed}" + (f"\n{'':15}hint: {r.hint}" if r.hint else "")
+    return "\n".join(f"{_label(r.step):<13} {r.status:<5} {r.observed}" + (f"\n{'':15}hint: {r.hint}" if r.hint else "")
                      for r in results)
 
 
@@ -174,7 +179,7 @@ def summary(results: Sequence[Result]) -> str:
     graded = [r for r in results if r.step != "optional"]
     first = next((r for r in graded if not r.passed), None)
     return (f"{sum(r.passed is True for r in graded)} of {len(graded)} steps pass"
-            + ("" if first is None else f"; next: Step {first.step}"))
+            + ("" if first is None else f"; next: {_label(first.step)}"))
 
 
 def progress_table(results: Sequence[Result]) -> str:
@@ -183,13 +188,13 @@ def progress_table(results: Sequence[Result]) -> str:
     colours = {"pass": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700", "n/a": "#6e7781"}
     rows = []
     for r in results:
-        seen = f"needs Step {r.earlier} first" if r.earlier else r.observed
-        name = "Optional" if r.step == "optional" else f"Step {r.step}"
+        seen = f"needs {_label(r.earlier)} first" if r.earlier else r.observed
+        name = _label(r.step)
         rows.append(f"<tr><td style='text-align:left;white-space:nowrap'>{html.escape(name)}</td>"
                     f"<td style='text-align:left;color:{colours[r.status]};font-weight:bold'>{r.status}</td>"
                     f"<td style='text-align:left'>{html.escape(seen)}</td></tr>")
     first = next((r for r in results if r.step != "optional" and not r.passed), None)
-    hint = f"<p><b>Hint for Step {html.escape(first.step)}:</b> {html.escape(first.hint)}</p>" if first and first.hint else ""
+    hint = f"<p><b>Hint for {html.escape(_label(first.step))}:</b> {html.escape(first.hint)}</p>" if first and first.hint else ""
     head = "".join(f"<th style='text-align:left'>{h}</th>" for h in ("step", "verdict", "what the checker saw"))
     return (f"<table class='ddp-lab-progress'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table><p><b>{html.escape(summary(results))}</b></p>{hint}")
 

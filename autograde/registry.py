@@ -94,6 +94,7 @@ ITEMS += [
          "solutions/compute_pi.py", ("pi",), talk.check_pi, todo="pi"),
 ]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
+LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
 BY_ID = {item.id: item for item in ITEMS}
 
 

@@ -14,7 +14,7 @@ from conftest import ROOT, SOLUTION, STARTER
 from mistakes import MISTAKES, Mistake
 
 # How far each file of the lab gets: all steps up to its own, and not the next one.
-ORDER = [s for s in registry.STEPS if s != "optional"]
+ORDER = [s for s in registry.LAB_STEPS if s != "optional"]
 # The starter and each checkpoint passing its steps and failing the next: on recorded runs, in
 # tests/test_checks_recorded.py. Launched here: the solution (every kind of run), the mistakes.
 

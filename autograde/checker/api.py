@@ -118,7 +118,7 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
     (a signal nobody in it sent, the time limit, a port taken by another program) is made again
     once; a step it fails twice gets an ERROR verdict that blames the checker, and is not kept.
     """
-    asked = {normalise(s) for s in steps} if steps else {i.id for i in registry.ITEMS if i.part == registry.LAB}
+    asked = {normalise(s) for s in steps} if steps else set(registry.LAB_STEPS)
     wanted = [s for s in registry.STEPS if s in asked]
     files = sorted({registry.item(s).file for s in wanted})
     if len(files) > 1:  # items of different files: each file's own runs

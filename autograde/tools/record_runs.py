@@ -21,7 +21,7 @@ from autograde.checker import judge
 from autograde.checker.runs import Workspace
 
 OUT = paths.REPO / "tests" / "recorded"
-LAB_STEPS = [i.id for i in registry.ITEMS if i.part == registry.LAB]
+LAB_STEPS = registry.LAB_STEPS
 GRADED = [i.id for i in registry.ITEMS if i.graded and i.part == registry.LAB]
 EXERCISES = [i for i in registry.ITEMS if i.part != registry.LAB]
 

@@ -15,7 +15,8 @@ import pytest
 from autograde import course, launch, registry
 from conftest import ROOT, snapshot
 
-POINTS = {item.id: item.points for item in registry.ITEMS if item.graded}
+LAB = registry.PART[registry.LAB]
+POINTS = {item.id: item.points for item in registry.ITEMS if item.graded and item.part == LAB.id}  # the lab's
 STUDENT, SCRIPT = "through_step_5", snapshot(5)
 
 
@@ -54,7 +55,7 @@ def test_every_graded_step_has_one_grade_cell_with_its_points() -> None:
     assert {nb.stem for nb in notebooks if cells(nb)} == {n for p in registry.PARTS for n in p.graded_notebooks}
     found = [c for nb in notebooks for c in cells(nb)]
     points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in found}
-    assert points == {course.grade_id(s): p for s, p in POINTS.items()}
+    assert points == {course.grade_id(i.id): i.points for i in registry.ITEMS if i.graded}
 
 
 def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
@@ -76,12 +77,13 @@ def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -
     assert "autograde.assert_step(5, procs_per_node=1, nodes=3)" in source["step_5"]
     assert "autograde.assert_step(4, procs_per_node=3, nodes=1)" in source["step_4"]
     released = grade_cells(course_dir / "release" / registry.LAB)
-    assert released == grade_cells(ROOT / "notebooks")  # the student version: what learners ran
+    assert released == {k: v for k, v in grade_cells(ROOT / "notebooks").items()  # the student version: what
+                        if registry.item(course.step_of(k)).part == LAB.id}      # learners ran
 
 
 def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
     released = course_dir / "release" / registry.LAB
-    assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob(LAB.notebooks))
     assert not (released / "solutions").exists()
 
 
@@ -93,7 +95,7 @@ def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, m
     graded = course_dir / "autograded" / STUDENT / registry.LAB / "fashion_mnist.py"
     assert graded.read_text() == SCRIPT.read_text(), "the learner's script was replaced"
     feedback = list((course_dir / "feedback" / STUDENT / registry.LAB).glob("*.html"))
-    assert len(feedback) == len(list((ROOT / "notebooks").glob(f"{course.GRADED}.ipynb")))
+    assert len(feedback) == len(LAB.graded_notebooks)
 
 
 def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
@@ -114,7 +116,7 @@ def git(repo: Path, *args: str) -> str:
 def clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A repository with the course files committed, and a course folder of its own."""
     repo = tmp_path / "repo"
-    for path in [*(f"notebooks/{nb.name}" for nb in (ROOT / "notebooks").glob("*.ipynb")), *course.COURSE_FILES]:
+    for path in [*(f"notebooks/{nb.name}" for nb in (ROOT / "notebooks").glob("*.ipynb")), *LAB.files]:
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, repo / path)
     git(repo, "init", "--quiet")
@@ -127,15 +129,15 @@ def clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path) -> None:
     committed = (clone / "fashion_mnist.py").read_text()
     (clone / "fashion_mnist.py").write_text(committed + "import torch.distributed as dist  # a half-done Step 0\n")
-    shutil.copy(clone / "notebooks/03_steps_0_to_2.ipynb", clone / "notebooks/99_draft.ipynb")
+    shutil.copy(clone / "notebooks/03_steps_0_to_2.ipynb", clone / "notebooks/09_draft.ipynb")
     built = course.build_source(clone)
     source = course.root() / "source" / registry.LAB
     assert (source / "fashion_mnist.py").read_text() == committed
-    assert not (source / "99_draft.ipynb").exists()
+    assert not (source / "09_draft.ipynb").exists()
     commit = git(clone, "rev-parse", "--short=7", "HEAD").strip()
     assert built.origin.startswith(f"commit {commit}") and built.origin.endswith("the course")
     (note,) = built.notes
-    assert "fashion_mnist.py" in note and "notebooks/99_draft.ipynb" in note and "released as committed" in note
+    assert "fashion_mnist.py" in note and "notebooks/09_draft.ipynb" in note and "released as committed" in note
 
 
 def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:

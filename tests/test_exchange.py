@@ -138,7 +138,7 @@ def test_grade_leaves_known_harmless_warnings_out(graded: Course) -> None:
 
 
 def test_the_learners_fetch_their_own_feedback_with_their_scores(graded: Course) -> None:
-    step_notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob(f"{course.GRADED}.ipynb"))
+    step_notebooks = sorted(registry.PART[registry.LAB].graded_notebooks)
     for name, expected in {"alice": POINTS, "bob": 0}.items():
         pages = fetched_feedback(graded.learners[name])
         assert sorted(pages) == step_notebooks

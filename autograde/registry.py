@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
-RUNS = ("setup", "workers", "program", "two_nodes", "pi")
+RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring")
 
 
 def family(run_key: str) -> str:
@@ -90,8 +90,14 @@ ITEMS: list[Item] = [
 ]
 TALK = "processes_talk"  # the part "how processes talk": exercises/*.py, each launched as a learner would
 ITEMS += [
+    Item("predict", "predict what collectives do", 1, TALK, "10_collectives", "exercises/predict_collectives.py",
+         "solutions/predict_collectives.py", ("collectives",), talk.check_predict, todo="predict"),
     Item("pi", "compute pi with all_reduce", 2, TALK, "11_compute_pi", "exercises/compute_pi.py",
          "solutions/compute_pi.py", ("pi",), talk.check_pi, todo="pi"),
+    Item("sampler", "a distributed sampler of your own", 2, TALK, "12_samplers", "exercises/shard_sampler.py",
+         "solutions/shard_sampler.py", ("sampler",), talk.check_sampler, todo="sampler"),
+    Item("ring", "ring all-reduce with send and recv", 3, TALK, "13_ring_allreduce", "exercises/ring_allreduce.py",
+         "solutions/ring_allreduce.py", ("ring",), talk.check_ring, todo="ring"),
 ]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
@@ -122,7 +128,8 @@ class Part:
 PARTS = [
     Part(LAB, "The DDP Lab: fashion_mnist.py, Steps 0-10", "0*.ipynb", "*step*",
          ("exercises/big_batch_equivalence.py",)),
-    Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1*.ipynb", "1*"),
+    Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1*.ipynb", "1*",
+         ("exercises/hello_ranks.py",)),
 ]
 PART = {part.id: part for part in PARTS}
 

@@ -152,6 +152,20 @@ ORIGINAL_LAB_MISTAKES = [replace(m, edits=ORIGINAL_LAB_EDITS[m.name]) for m in M
 # The exercises' typical mistakes, each made in the exercise's solution (solutions/<file>.py, the
 # checkpoint autograde/registry.py names). Recorded real runs, replayed in tests/test_checks_recorded.py.
 PI_SHARE = ("    start = rank * intervals // world_size\n    stop = (rank + 1) * intervals // world_size\n")
+RING_EXCHANGE = ("    request = dist.isend(send_chunk.contiguous(), dst=right)\n    dist.recv(recv_chunk, src=left)\n"
+                 "    request.wait()\n")
+RING_CHUNKS = "    chunks = tensor.view(-1).tensor_split(world_size)  # views: writing a chunk writes the tensor\n"
+# the whole tensor passed round the ring and added up: right, but N-1 messages of the whole tensor
+RING_WHOLE = """    passing, incoming, total = tensor.clone(), torch.empty_like(tensor), tensor.clone()
+    for s in range(world_size - 1):
+        exchange(passing, incoming, right, left)
+        passing = incoming.clone()
+        total = total + incoming if op == "sum" else torch.maximum(total, incoming)
+    tensor.copy_(total)
+    return tensor
+"""
+SAMPLER_SHUFFLE = ("            generator = torch.Generator().manual_seed(self.seed + self.epoch)\n"
+                   "            order = torch.randperm(self.size, generator=generator).tolist()\n")
 EXERCISE_MISTAKES = [
     Mistake("pi_remainder_dropped", "pi", ((PI_SHARE, "    share = intervals // world_size\n"
                                                       "    start, stop = rank * share, (rank + 1) * share\n"),),
@@ -163,6 +177,44 @@ EXERCISE_MISTAKES = [
     Mistake("pi_everything_on_every_rank", "pi", ((PI_SHARE, "    start, stop = 0, intervals\n"),
                                                   ("    part = f((i + 0.5) / intervals).sum() / intervals\n",
                                                    "    part = f((i + 0.5) / intervals).sum() / intervals / world_size\n")),
-            "of what one process computes alone"),
+            "of the work one process does alone"),
     Mistake("pi_too_few_decimals", "pi", (('print(f"pi = {pi:.15f}', 'print(f"pi = {pi:.4f}'),), "decimals"),
+    # every rank sends first with a blocking call: each waits for a neighbour that is sending too
+    Mistake("ring_blocking_send_first", "ring", ((RING_EXCHANGE, "    dist.send(send_chunk.contiguous(), dst=right)\n"
+                                                                 "    dist.recv(recv_chunk, src=left)\n"),),
+            "waiting were rank 0 in dist.send()"),
+    Mistake("ring_calls_all_reduce", "ring", ((RING_CHUNKS, "    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "
+                                                            "\"sum\" else dist.ReduceOp.MAX)\n    return tensor\n"),),
+            "called dist.all_reduce()"),
+    Mistake("ring_no_all_gather_copy", "ring", (("        chunks[recv_index].copy_(incoming)\n", ""),),
+            "differs from dist.all_reduce"),
+    Mistake("ring_max_adds", "ring", (('        if op == "sum":\n', '        if True:\n'),), "with 'max'"),
+    Mistake("ring_remainder_dropped", "ring", ((RING_CHUNKS, "    size = tensor.numel() // world_size\n"
+                                                             "    chunks = tensor.view(-1)[:size * world_size].split(size)\n"),),
+            "1,001 floats with 'sum' on 2 processes"),
+    Mistake("ring_whole_tensor_passed", "ring", ((RING_CHUNKS, RING_WHOLE),), "messages (a ring: 2 each)"),
+    Mistake("sampler_epoch_ignored", "sampler", (("manual_seed(self.seed + self.epoch)", "manual_seed(self.seed)"),),
+            "had the same order"),
+    Mistake("sampler_unseeded", "sampler", ((SAMPLER_SHUFFLE, "            order = torch.randperm(self.size).tolist()\n"),),
+            "other indices when iterated again"),
+    Mistake("sampler_seeded_by_rank", "sampler", (("manual_seed(self.seed + self.epoch)",
+                                                   "manual_seed(self.seed + self.epoch + self.rank)"),),
+            "no rank got index"),
+    Mistake("sampler_no_padding", "sampler", (("            while len(order) < total:\n"
+                                               "                order += order[:total - len(order)]\n",
+                                               "            pass\n"),), "but its len() is"),
+    Mistake("sampler_len_ignores_drop_last", "sampler", (("        if self.drop_last:\n"
+                                                          "            return self.size // self.num_replicas\n", ""),),
+            "drop_last=True, epoch 0: rank 1's sampler gave 6 indices, but its len() is 7"),
+    Mistake("predict_broadcast_from_rank_0", "predict", (('"broadcast": [[3, 30], [3, 30], [3, 30], [3, 30]]',
+                                                         '"broadcast": [[1, 10], [1, 10], [1, 10], [1, 10]]'),),
+            "broadcast: after dist.broadcast(buffer, src=2), rank 0 holds [3, 30]"),
+    Mistake("predict_all_gather_own_buffer", "predict", (('"all_gather": [[1, 10, 2, 20, 3, 30, 4, 40]] * 4',
+                                                          '"all_gather": [[1, 10], [2, 20], [3, 30], [4, 40]]'),),
+            "5 of 6 predictions right; all_gather"),
+    Mistake("predict_reduce_scatter_not_summed", "predict", (('"reduce_scatter": [[10, 20], [30, 40], [50, 60], [70, 80]]',
+                                                              '"reduce_scatter": [[1, 2], [3, 4], [5, 6], [7, 8]]'),),
+            "reduce_scatter: after dist.reduce_scatter"),
+    Mistake("predict_one_list_not_per_rank", "predict", (('"all_reduce": [[10, 100], [10, 100], [10, 100], [10, 100]]',
+                                                          '"all_reduce": [10, 100]'),), "not one list per rank"),
 ]

@@ -11,7 +11,7 @@ from autograde import launch, registry
 from autograde.checker import api, cache, devices
 from autograde.checker.verdicts import Result
 from conftest import ROOT, SOLUTION, STARTER
-from mistakes import MISTAKES, Mistake
+from mistakes import EXERCISE_MISTAKES, MISTAKES, Mistake
 
 # How far each file of the lab gets: all steps up to its own, and not the next one.
 ORDER = [s for s in registry.LAB_STEPS if s != "optional"]
@@ -210,4 +210,19 @@ def test_an_exercise_is_checked_by_launching_its_file_as_a_learner_would() -> No
     result = launch.run(["make", "--no-print-directory", "-s", "check", "STEP=pi"], cwd=ROOT, timeout=600,
                         env={"DDP_LAB_FRESH": "1"})
     assert result.returncode != 0, result.output
-    assert "# TODO pi" in result.output and "Step pi" not in result.output and "computed" in result.output, result.output
+    assert "# TODO pi" in result.output and "Step pi" not in result.output and "of the work" in result.output, result.output
+
+
+def test_a_ring_that_deadlocks_is_stopped_with_each_ranks_call_named(tmp_path: Path) -> None:
+    """Every rank sending first with a blocking dist.send waits forever for its neighbour: the
+    check stops the processes after its stall time (not the group's 60 s timeout), names the call
+    and line each rank waits in, and leaves nothing running (the replayed recording of the same
+    mistake cannot show the stop itself)."""
+    (mistake,) = [m for m in EXERCISE_MISTAKES if m.name == "ring_blocking_send_first"]
+    script = tmp_path / "ring_allreduce.py"
+    script.write_text(mistake.apply((ROOT / "solutions" / "ring_allreduce.py").read_text()))
+    result = launch.run(["make", "--no-print-directory", "-s", "check", "STEP=ring", f"SCRIPT={script}"], cwd=ROOT,
+                        timeout=300, env={"DDP_LAB_FRESH": "1"})
+    assert result.returncode != 0 and "deadlocked" in result.output, result.output
+    assert "rank 0 in dist.send() (line" in result.output and "rank 1 in dist.send() (line" in result.output, result.output
+    assert not result.leftover, "processes were left running"

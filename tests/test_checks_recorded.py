@@ -1,6 +1,7 @@
 """Every check, on recorded runs, in milliseconds: the starter and each checkpoint pass their
 steps and fail the next, the finished solution passes everything, and each catalogued mistake,
-in the course's style and in the original lab's, fails its own step with its words. The recordings (tests/recorded/, made by
+in the course's style and in the original lab's, fails its own step with its words; each exercise
+fails untouched and passes solved, and passes in other learners' styles (tests/styles/exercises/). The recordings (tests/recorded/, made by
 `python -m autograde.tools.record_runs`) are real runs of the current files; a file changed since
 its recording fails here with the command that records it again. The same scripts are also checked
 launched for real in tests/test_autograde.py (the solution, and the mistakes in the course's style)
@@ -18,7 +19,7 @@ from autograde import registry
 from autograde.checker import judge
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
-from autograde.tools.record_runs import OUT, exercise_files, lab_files, mistakes, steps_after
+from autograde.tools.record_runs import OUT, exercise_files, lab_files, mistakes, steps_after, styles
 
 FILES = lab_files()
 
@@ -65,6 +66,23 @@ def test_each_exercise_fails_untouched_and_passes_solved(name: str) -> None:
         assert verdict.passed is False and verdict.hint and f"# TODO {registry.item(item).label}" in verdict.hint, verdict
 
 
+STYLES = styles()
+
+
+def test_every_exercise_has_correct_files_in_other_styles() -> None:
+    exercises = {i.id for i in registry.ITEMS if i.part != registry.LAB and i.graded}
+    assert exercises <= {item for _, item in STYLES.values()}
+
+
+@pytest.mark.parametrize("name", list(STYLES))
+def test_a_correct_exercise_in_another_style_passes(name: str) -> None:
+    """Loops or tensors, strided or blocked shares, reduce, all_gather, numpy, blocking calls in a
+    safe order, batch_isend_irecv, a returned tensor, a ring turning the other way, helpers."""
+    text, item = STYLES[name]
+    (verdict,) = replay(name, text, [item]).values()
+    assert verdict.passed is True, f"{name}: {verdict.observed}"
+
+
 CATALOGUE = mistakes()
 
 
@@ -92,6 +110,6 @@ def test_a_replayed_workspace_makes_no_run_it_did_not_record() -> None:
     assert verdict.checker_error and "was not recorded" in verdict.observed, verdict
 
 
-def test_every_recording_is_of_a_lab_file_or_a_catalogued_mistake() -> None:
-    known = {*FILES, *EXERCISES, *CATALOGUE}
+def test_every_recording_is_of_a_lab_file_an_exercise_a_style_or_a_catalogued_mistake() -> None:
+    known = {*FILES, *EXERCISES, *CATALOGUE, *STYLES}
     assert {p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")} == known

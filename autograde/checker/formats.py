@@ -6,7 +6,8 @@ tests/test_formats.py fails on a field that nothing reads.
 - A trace is one JSON object per line and event, in `<trace dir>/trace-<pid>.jsonl`: `t`, `pid`,
   `rank`, `ev`, `line`, and the fields that EVENTS lists for its kind. `read` gives each
   process's as a `ProcessTrace`.
-- A run report is a `Setup` (the setup run) or a `Workers` (the workers run), as JSON.
+- A run report is a `Setup` (the setup run), a `Workers` (the workers run) or, from the runs that
+  call a learner's functions, one `RingReport` per rank, as JSON.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 # Every event's own fields, by kind. "enter"/"exit" are torch.distributed calls (collectives,
-# init_process_group, destroy_process_group); the extra fields of init_process_group's are listed.
+# send and recv, init_process_group, destroy_process_group, and "wait": a request's wait() in the
+# learner's code); the extra fields of init_process_group's are listed.
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
     "enter": ("call", "backend", "world_size"),
@@ -40,12 +42,18 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "ddp": ("device_ids", "parameter_device", "batchnorms", "sync_batchnorms"),
     "moved_after_wrap": (),
     "print": ("text",),
+    # a point-to-point message: op is send, recv, isend or irecv; peer the other rank
+    "message": ("op", "peer", "numel"),
     # written by the harness (autograde/checker/harness.py) in the processes of the workers run
     "worker_start": ("fn", "visible_devices"),
     "worker_done": ("optimizer_steps",),
     "crash": ("error",),
-    # with DDP_LAB_COUNT_WORK=1: the elements the process's PyTorch operations computed, at destroy_process_group
-    "work": ("elements",),
+    # written by autograde/checker/functions.py around each call of a learner's function
+    "case_start": ("case", "world_size"),
+    "case_end": ("case",),
+    # with DDP_LAB_COUNT_WORK=1, at destroy_process_group: the elements the process's PyTorch
+    # operations produced plus the lines of the learner's file it ran (tracer._count_work)
+    "work": ("amount",),
 }
 
 
@@ -91,6 +99,77 @@ class Workers:
     def from_json(cls, data: dict[str, Any]) -> Workers:
         return cls([Setup(**s) for s in data.get("setups", [])], [Child(**c) for c in data.get("children", [])],
                    data.get("error"))
+
+
+@dataclass
+class RingCase:
+    """One call of the learner's ring_all_reduce on every rank: a size and a reduction."""
+
+    case: int
+    numel: int
+    op: str                      # "sum" or "max"
+    error: float                 # the largest difference from dist.all_reduce's result (inf: wrong shape)
+    seconds: float               # the call's time on this rank (the median of the repeats)
+    reference_seconds: float     # dist.all_reduce's, measured beside it
+
+
+@dataclass
+class RingReport:
+    """What one rank of a ring run found (autograde/checker/functions.py writes it)."""
+
+    world_size: int
+    rank: int
+    cases: list[RingCase] = field(default_factory=list)
+    error: str | None = None     # the error the learner's code raised, if it did
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RingReport:
+        return cls(data["world_size"], data["rank"], [RingCase(**c) for c in data.get("cases", [])], data.get("error"))
+
+
+@dataclass
+class SamplerCase:
+    """One rank's shard from the learner's sampler, for one data set size and set of options."""
+
+    size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    epoch: int
+    indices: list[int]           # what iterating the sampler gave
+    length: int                  # what len(sampler) said
+    again: bool                  # iterating it a second time gave the same indices
+
+
+@dataclass
+class SamplerReport:
+    """What one rank of a sampler run found (autograde/checker/functions.py writes it)."""
+
+    world_size: int
+    rank: int
+    cases: list[SamplerCase] = field(default_factory=list)
+    error: str | None = None     # the error the learner's code raised, if it did
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SamplerReport:
+        return cls(data["world_size"], data["rank"], [SamplerCase(**c) for c in data.get("cases", [])],
+                   data.get("error"))
+
+
+@dataclass
+class CollectivesReport:
+    """One rank's buffers before and after each collective of the course's scenarios, and the
+    learner's predictions of them (autograde/checker/functions.py writes it)."""
+
+    world_size: int
+    rank: int
+    buffers: dict[str, list[list[float]]] = field(default_factory=dict)  # scenario -> [before, after]
+    predictions: dict[str, Any] | None = None   # the file's PREDICTIONS, as JSON
+    error: str | None = None     # why they could not be read
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CollectivesReport:
+        return cls(data["world_size"], data["rank"], data.get("buffers", {}), data.get("predictions"), data.get("error"))
 
 
 Event = dict[str, Any]
@@ -159,4 +238,5 @@ def read(trace_dir: Path) -> dict[int, ProcessTrace]:
 def where(event: Event) -> str:
     """`dist.barrier()` at line 170, or without the line where it is not known."""
     line = event.get("line")
-    return f"dist.{event.get('call')}()" + (f" (line {line})" if line else "")
+    call = "the wait() of an isend/irecv request" if event.get("call") == "wait" else f"dist.{event.get('call')}()"
+    return call + (f" (line {line})" if line else "")

@@ -55,10 +55,10 @@ def check(ws: Workspace, step: str) -> Result:
 
 
 def _first_failing_before(ws: Workspace, step: str) -> Result | None:
-    """The first graded item of the same part, before `step`, whose check fails for sure."""
+    """The first graded item of the same file, before `step`, whose check fails for sure."""
     item = registry.item(step)
     for earlier in registry.ITEMS[:registry.STEPS.index(step)]:
-        if earlier.needs_gpu or earlier.part != item.part:
+        if earlier.needs_gpu or earlier.file != item.file:
             continue
         try:
             earlier.check(ws)

@@ -194,12 +194,27 @@ class Workspace:
         """`python <script> ARGV` as the learner would type it (the script starts its own
         processes), traced, made once per `key` ("<family>/<which>": the family is what an item's
         `runs` names in autograde/registry.py). `label` names it in verdicts ("run with 3 processes")."""
+        return self._once(key, label, [str(self.script), *argv], argv, env)
+
+    def called(self, key: str, label: str, task: str, options: list[str]) -> Run:
+        """The learner's functions called in real process groups by autograde/checker/functions.py
+        (`task`: what it calls; `options`: its command line, with the world sizes), traced, made
+        once per `key` like `launched`. The run's report is {"ranks": [each process's report]}."""
+        argv = ["-m", "autograde.checker.functions", task, "--script", str(self.script), *options]
+        return self._once(key, label, argv, options, None, reports=True)
+
+    def _once(self, key: str, label: str, command: list[str], argv: list[str], env: dict[str, str] | None,
+              reports: bool = False) -> Run:
+        """`python COMMAND` (the run's `argv` is what a verdict shows), made once per key."""
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
+            out = ["--out", str(folder)] if reports else []
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus)))}
-            results, stalled = self._launch(label, [[launch.PYTHON, str(self.script), *argv]], folder,
+            results, stalled = self._launch(label, [[launch.PYTHON, *command, *out]], folder,
                                             env={**visible, **(env or {})})
-            self.__dict__[key] = Run(label, results, read_traces(folder), None, stalled, argv)
+            report = ({"ranks": [json.loads(f.read_text()) for f in sorted(folder.glob("*-*.json"))]}
+                      if reports else None)
+            self.__dict__[key] = Run(label, results, read_traces(folder), report, stalled, argv)
         run = self.__dict__[key]
         assert isinstance(run, Run)
         return run

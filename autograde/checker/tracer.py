@@ -86,7 +86,9 @@ def _line() -> int | None:
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Append one event to this process's trace."""
+    """Append one event to this process's trace (nothing when the process is not traced)."""
+    if not _trace_dir:
+        return
     record = {"t": time.time(), "pid": os.getpid(), "rank": _rank(), "ev": event, "line": _line(), **fields}
     with open(os.path.join(_trace_dir, f"trace-{os.getpid()}.jsonl"), "a") as f:
         f.write(json.dumps(record, default=repr) + "\n")
@@ -121,6 +123,8 @@ def _patch_distributed() -> None:
         result = original_init(*args, **kwargs)
         emit("exit", call="init_process_group", rank_joined=dist.get_rank(), world_size=dist.get_world_size(),
              backend=str(dist.get_backend()))
+        if _work:
+            _count_lines(sys._getframe(1))
         return result
 
     dist.init_process_group = init_process_group
@@ -141,7 +145,7 @@ def _patch_distributed() -> None:
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
         record_parameters()
         if _work:
-            emit("work", elements=_work[0])  # while the rank is still known
+            emit("work", amount=_work[0])  # while the rank is still known
         emit("enter", call="destroy_process_group")
         result = original_destroy(*args, **kwargs)
         emit("exit", call="destroy_process_group")
@@ -150,6 +154,62 @@ def _patch_distributed() -> None:
     dist.destroy_process_group = destroy_process_group
     for name in COLLECTIVES:
         _wrap_collective(dist, name)
+    _patch_point_to_point(dist)
+
+
+def _message(op: str, tensor: Any, peer: Any) -> None:
+    emit("message", op=op, peer=peer, numel=tensor.numel() if hasattr(tensor, "numel") else None)
+
+
+def _patch_point_to_point(dist: Any) -> None:
+    """send/recv/isend/irecv/batch_isend_irecv: one "message" event per message (who to, how
+    big), and send/recv (which block) as calls, so that a deadlock names them. The wait() of a
+    request that the learner's own code makes is a call too: that is where an isend/irecv blocks."""
+    for name in ("send", "recv", "isend", "irecv"):
+        original = getattr(dist, name)
+
+        def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+                key = "dst" if "send" in name else "src"
+                peer = kwargs.get(key, kwargs.get(f"group_{key}", args[0] if args else None))
+                _message(name, tensor, peer)
+                if name in ("isend", "irecv"):
+                    return original(tensor, *args, **kwargs)
+                emit("enter", call=name)
+                result = original(tensor, *args, **kwargs)
+                emit("exit", call=name)
+                return result
+            wrapper._ddp_lab_original = original  # type: ignore[attr-defined]
+            return wrapper
+
+        setattr(dist, name, make(original, name))
+
+    # P2POp only takes torch's own isend/irecv (batch_isend_irecv tells them apart by identity)
+    unwrap = lambda op: getattr(op, "_ddp_lab_original", op)  # noqa: E731
+    original_new, original_p2p_init = dist.P2POp.__new__, dist.P2POp.__init__
+    dist.P2POp.__new__ = lambda cls, op, *a, **k: original_new(cls, unwrap(op), *a, **k)
+    dist.P2POp.__init__ = lambda self, op, *a, **k: original_p2p_init(self, unwrap(op), *a, **k)
+    original_batch = dist.batch_isend_irecv
+
+    @functools.wraps(original_batch)
+    def batch_isend_irecv(p2p_op_list: Any) -> Any:
+        for op in p2p_op_list:
+            _message(getattr(op.op, "__name__", "?"), op.tensor, op.peer)
+        return original_batch(p2p_op_list)
+
+    dist.batch_isend_irecv = batch_isend_irecv
+    original_wait = dist.Work.wait
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _script or os.path.abspath(sys._getframe(1).f_code.co_filename) != _script:
+            return original_wait(self, *args, **kwargs)  # torch's own (dist.send waits on its isend)
+        emit("enter", call="wait")
+        result = original_wait(self, *args, **kwargs)
+        emit("exit", call="wait")
+        return result
+
+    dist.Work.wait = wait
 
 
 def record_parameters(when: str = "end") -> None:
@@ -372,13 +432,40 @@ def _patch_print() -> None:
     builtins.print = traced_print
 
 
-_work: list[int] = []  # elements computed so far by PyTorch operations, when they are counted
+_work: list[int] = []  # work done so far (elements and lines, see _count_work), when it is counted
+
+
+def _count_lines(caller: FrameType | None) -> None:
+    """From now on (the process group has started), also count each line of the learner's file
+    that runs: a share computed in a Python loop is work too. The frames of the file that are
+    running already (the function that started the group) are counted from here on as well."""
+    known: dict[str, bool] = {}
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            _work[0] += 1
+        return local
+
+    def started(frame: FrameType, event: str, arg: Any) -> Any:
+        name = frame.f_code.co_filename
+        if name not in known:
+            known[name] = bool(_script) and os.path.abspath(name) == _script
+        return local if known[name] else None
+
+    frame = caller
+    while frame is not None:
+        if started(frame, "call", None):
+            frame.f_trace = local
+        frame = frame.f_back
+    sys.settrace(started)
 
 
 def _count_work() -> None:
-    """Count, from now on, the elements of every tensor that a PyTorch operation produces: how
-    much arithmetic this process did, whatever its code looks like (a check can then tell a
-    process that computed its share from one that computed everything)."""
+    """Count, from now on, the elements of every tensor that a PyTorch operation produces, and
+    (once the process group has started) every line of the learner's file that runs: how much
+    this process computed, whatever its code looks like, vectorised or a loop (a check can then
+    tell a process that computed its share from one that computed everything). Work done
+    elsewhere (numpy, say) is not seen."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves

@@ -10,7 +10,7 @@ in pyplot right away, so that Jupyter draws each one once and many calls hold no
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import matplotlib.pyplot as plt  # without a display matplotlib picks Agg by itself
 from matplotlib.axes import Axes
@@ -287,5 +287,192 @@ def fitted_scaling(seconds: dict[int, float], what: str = "wall time") -> Figure
     ax.set_ylim(bottom=0)
     ax.legend(loc="best", fontsize=8)
     ax.set_title(f"{what} against the number of processes")
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def ring_states(world_size: int = 4) -> list[list[list[int]]]:
+    """How many ranks' values each chunk holds, on each rank, after each round of a ring
+    all-reduce (states[round][rank][chunk]; round 0 is the start, rounds 1..N-1 the
+    reduce-scatter, then N-1 rounds of all-gather), following the exercise's chunk numbering."""
+    n = world_size
+    held = [[{r} for _ in range(n)] for r in range(n)]  # held[rank][chunk]: whose values are in it
+    states = [[[len(c) for c in rank] for rank in held]]
+    for s in range(n - 1):
+        sent = [set(held[r][(r - s) % n]) for r in range(n)]
+        for r in range(n):
+            held[r][(r - s - 1) % n] |= sent[(r - 1) % n]
+        states.append([[len(c) for c in rank] for rank in held])
+    for s in range(n - 1):
+        sent = [set(held[r][(r + 1 - s) % n]) for r in range(n)]
+        for r in range(n):
+            held[r][(r - s) % n] = sent[(r - 1) % n]
+        states.append([[len(c) for c in rank] for rank in held])
+    return states
+
+
+def ring_rounds(world_size: int = 4) -> Figure:
+    """Each rank's chunks after each round of the ring: the shade is how many ranks' values a
+    chunk holds (1: only its own; N: the full result)."""
+    states = ring_states(world_size)
+    n = world_size
+    fig, axes = plt.subplots(1, len(states), figsize=(1.35 * len(states), 2.4), sharey=True)
+    for k, (ax, state) in enumerate(zip(axes, states)):
+        ax.imshow(state, cmap="Blues", vmin=0, vmax=n, aspect="equal")
+        for r in range(n):
+            for c in range(n):
+                ax.text(c, r, str(state[r][c]), ha="center", va="center", fontsize=8,
+                        color="white" if state[r][c] > n / 2 else "black")
+        ax.set_xticks(range(n), [str(c) for c in range(n)], fontsize=7)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=7)
+        ax.set_xlabel("chunk", fontsize=7)
+        stage = "start" if k == 0 else (f"scatter {k}" if k < n else f"gather {k - n + 1}")
+        ax.set_title(stage, fontsize=8)
+    fig.suptitle("ranks' values summed into each chunk: reduce-scatter, then all-gather", fontsize=9)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def ring_times(seconds: dict[int, dict[int, tuple[float, float]]]) -> Figure:
+    """Ring all-reduce and dist.all_reduce against the tensor's size, one panel per world size
+    (seconds[N][floats] = (ring, all_reduce)), with the ring's model fitted to the ring's
+    measurements of all world sizes at once: T = 2(N-1) * alpha + 2(N-1)/N * bytes / bandwidth
+    (alpha: one message's fixed cost, the latency)."""
+    rows = [(n, size, ring) for n, by_size in seconds.items() for size, (ring, _) in by_size.items()]
+    # least squares for (alpha, 1/bandwidth) in T = a * alpha + b * inverse_bandwidth
+    a = [2 * (n - 1) for n, _, _ in rows]
+    b = [2 * (n - 1) / n * 4 * size for n, size, _ in rows]
+    t = [ring for _, _, ring in rows]
+    saa, sab, sbb = sum(x * x for x in a), sum(x * y for x, y in zip(a, b)), sum(y * y for y in b)
+    sat, sbt = sum(x * z for x, z in zip(a, t)), sum(y * z for y, z in zip(b, t))
+    det = saa * sbb - sab * sab
+    alpha = max((sat * sbb - sbt * sab) / det, 0.0) if det else 0.0
+    inverse = max((saa * sbt - sab * sat) / det, 1e-15) if det else 1e-15
+    fig, axes = plt.subplots(1, len(seconds), figsize=(4 * len(seconds), 3.4), sharey=True, squeeze=False)
+    for ax, n in zip(axes[0], sorted(seconds)):
+        sizes = sorted(seconds[n])
+        ax.loglog(sizes, [seconds[n][s][0] for s in sizes], "o-", label="your ring")
+        ax.loglog(sizes, [seconds[n][s][1] for s in sizes], "s-", label="dist.all_reduce")
+        ax.loglog(sizes, [2 * (n - 1) * alpha + 2 * (n - 1) / n * 4 * s * inverse for s in sizes], "--",
+                  color="black", label="model 2(N-1)(α + S/(N·B))")
+        ax.set_title(f"{n} processes", fontsize=9)
+        ax.set_xlabel("tensor size (floats)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("seconds")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"fitted: latency α = {alpha * 1e6:.0f} µs per message, bandwidth B = {1 / inverse / 1e9:.2f} GB/s",
+                 fontsize=9)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def padding_effect(dataset_size: int = 10, world_size: int = 4) -> Figure:
+    """What padding and drop_last do to a validation accuracy, with the real DistributedSampler
+    (no shuffle) over a data set whose size does not divide by the world size. The "model" is
+    right on every image whose index is not a multiple of 3. Averaging what the ranks saw counts
+    the padded repeats twice (padding) or never sees the tail (drop_last); only counting each
+    image once gives the true accuracy."""
+    from torch.utils.data import DistributedSampler  # slow import: only when asked
+
+    correct = [i % 3 != 0 for i in range(dataset_size)]
+    seen: dict[bool, list[int]] = {}
+    items: Any = range(dataset_size)  # any sized collection does as a data set here
+    for drop_last in (False, True):
+        samplers: list[Any] = [DistributedSampler(items, num_replicas=world_size, rank=rank, shuffle=False,
+                                                  drop_last=drop_last) for rank in range(world_size)]
+        seen[drop_last] = [int(i) for sampler in samplers for i in sampler]
+    accuracy = {"every image once (true)": sum(correct) / dataset_size,
+                f"padded: {len(seen[False])} seen": sum(correct[i] for i in seen[False]) / len(seen[False]),
+                f"drop_last: {len(seen[True])} seen": sum(correct[i] for i in seen[True]) / len(seen[True])}
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    bars = ax.barh(list(accuracy)[::-1], [100 * a for a in list(accuracy.values())[::-1]],
+                   color=["tab:orange", "tab:red", "tab:green"])
+    for bar, value in zip(bars, list(accuracy.values())[::-1]):
+        ax.text(bar.get_width() + 0.5, bar.get_y() + bar.get_height() / 2, f"{100 * value:.1f}%", va="center")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("validation accuracy (%)")
+    ax.set_title(f"{dataset_size} validation images over {world_size} ranks: the same model, three answers", fontsize=10)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def arrival_orders(orders: list[list[int]]) -> Figure:
+    """The order in which the ranks' first lines arrived, one row per run of the same program."""
+    world_size = max(max(o) for o in orders) + 1
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(1.1 * world_size + 2, 0.55 * len(orders) + 1.2))
+    for row, order in enumerate(orders):
+        for position, rank in enumerate(order):
+            ax.add_patch(Rectangle((position, len(orders) - 1 - row + 0.1), 0.9, 0.8, facecolor=colours(rank), alpha=0.6))
+            ax.text(position + 0.45, len(orders) - 1 - row + 0.5, f"rank {rank}", ha="center", va="center", fontsize=9)
+    ax.set_xlim(0, world_size)
+    ax.set_ylim(0, len(orders))
+    ax.set_yticks([len(orders) - 1 - r + 0.5 for r in range(len(orders))], [f"run {r + 1}" for r in range(len(orders))])
+    ax.set_xticks([p + 0.45 for p in range(world_size)], [f"{p + 1}{'st' if p == 0 else 'nd' if p == 1 else 'rd' if p == 2 else 'th'}"
+                                                         for p in range(world_size)])
+    ax.set_xlabel("order in which the 'hello' lines arrived")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("the same program, started the same way: the order differs", fontsize=10)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def _buffer_cells(ax: Axes, buffers: list[list[float]], title: str, highlight: list[bool] | None = None) -> None:
+    """Each rank's buffer as a row of numbered cells."""
+    width = max(len(b) for b in buffers)
+    for rank, values in enumerate(buffers):
+        y = len(buffers) - 1 - rank
+        for k, value in enumerate(values):
+            lit = highlight[rank] if highlight else False
+            ax.add_patch(Rectangle((k, y + 0.1), 0.95, 0.8, facecolor="tab:orange" if lit else "tab:blue",
+                                   alpha=0.45 if lit else 0.25, edgecolor="black", linewidth=0.5))
+            ax.text(k + 0.47, y + 0.5, f"{value:g}", ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, max(width, 2))
+    ax.set_ylim(0, len(buffers))
+    ax.set_yticks([len(buffers) - 1 - r + 0.5 for r in range(len(buffers))], [f"rank {r}" for r in range(len(buffers))],
+                  fontsize=8)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title, fontsize=8)
+
+
+def collective(buffers: dict[str, list[list[list[float]]]], name: str, call: str, note: str = "") -> Figure:
+    """One collective, run for real: every rank's buffer before and after (`buffers[name][rank]`
+    is [before, after]); the ranks whose buffer changed are shaded orange."""
+    per_rank = buffers[name]
+    before, after = [b for b, _ in per_rank], [a for _, a in per_rank]
+    wide = max(len(x) for x in before + after)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(min(2.2 + 0.55 * wide, 7.5) * 2 / 1.6, 0.45 * len(per_rank) + 1.2),
+                                      gridspec_kw={"width_ratios": [max(len(x) for x in before), max(len(x) for x in after)]})
+    _buffer_cells(left, before, "before")
+    _buffer_cells(right, after, "after", [b != a for b, a in zip(before, after)])
+    fig.suptitle(call + (f"\n{note}" if note else ""), fontsize=9, family="monospace")
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def reduction_ops(buffers: dict[str, list[list[list[float]]]]) -> Figure:
+    """all_reduce of the same buffers with each reduction: what every rank holds afterwards."""
+    ops = [name for name in buffers if name.startswith("op_")]
+    starts = [b for b, _ in buffers[ops[0]]]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * (len(ops) + len(starts)) + 1.4))
+    rows = [(f"rank {r} before", values) for r, values in enumerate(starts)] + \
+           [(f"op={name.removeprefix('op_')}", buffers[name][0][1]) for name in ops]
+    for row, (label, values) in enumerate(rows):
+        y = len(rows) - 1 - row
+        for k, value in enumerate(values):
+            after = row >= len(starts)
+            ax.add_patch(Rectangle((k * 1.6, y + 0.1), 1.5, 0.8, facecolor="tab:orange" if after else "tab:blue",
+                                   alpha=0.4 if after else 0.2, edgecolor="black", linewidth=0.5))
+            ax.text(k * 1.6 + 0.75, y + 0.5, f"{value:g}", ha="center", va="center", fontsize=9)
+    ax.set_xlim(0, 1.6 * len(starts[0]))
+    ax.set_ylim(0, len(rows))
+    ax.set_yticks([len(rows) - 1 - r + 0.5 for r in range(len(rows))], [label for label, _ in rows], fontsize=9)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("dist.all_reduce(buffer, op=dist.ReduceOp.<op>): every rank ends with the same", fontsize=9)
     fig.tight_layout()
     return _finish(fig)

@@ -1,7 +1,7 @@
 """Record the runs that the check tests replay (tests/recorded/): the finished solution, the
-starter and every checkpoint, every exercise's TODO file and solution, and every catalogued
-mistake (tests/mistakes.py; the lab's in both of its styles), each checked for the items its
-test asks about. A recording holds the script it was made from, so a test can say
+starter and every checkpoint, every exercise's TODO file and solution, every catalogued
+mistake (tests/mistakes.py; the lab's in both of its styles) and every exercise written in
+another style (tests/exercise_styles.py), each checked for the items its test asks about. A recording holds the script it was made from, so a test can say
 when a file changed since and the recording must be made again.
 
     python -m autograde.tools.record_runs            # everything (about 25 minutes on 2 cores)
@@ -29,8 +29,8 @@ EXERCISES = [i for i in registry.ITEMS if i.part != registry.LAB]
 ORIGINAL_LAB = paths.REPO / "tests" / "styles" / "original_lab.py"
 
 
-def _catalogue_module() -> Any:
-    spec = importlib.util.spec_from_file_location("ddp_lab_mistakes", paths.REPO / "tests" / "mistakes.py")
+def _tests_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"ddp_lab_{name}", paths.REPO / "tests" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
@@ -42,7 +42,7 @@ def mistakes() -> dict[str, tuple[Any, Path]]:
     """Every catalogued mistake by recording name, with the correct file it is made in: the
     lab's in the course's solution (its own name) and in the original lab's style ("original_" +
     name), an exercise's in the exercise's solution."""
-    module = _catalogue_module()
+    module = _tests_module("mistakes")
     return {**{m.name: (m, paths.SOLUTION) for m in module.MISTAKES},
             **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in module.ORIGINAL_LAB_MISTAKES},
             **{m.name: (m, paths.REPO / str(registry.item(m.step).checkpoint)) for m in module.EXERCISE_MISTAKES}}
@@ -53,6 +53,12 @@ def exercise_files() -> dict[str, tuple[Path, str]]:
     it passes), with the item."""
     return {**{f"{i.id}_exercise": (paths.REPO / i.file, i.id) for i in EXERCISES},
             **{f"{i.id}_solution": (paths.REPO / str(i.checkpoint), i.id) for i in EXERCISES}}
+
+
+def styles() -> dict[str, tuple[str, str]]:
+    """Each exercise style ("style_<file>": it passes) as the whole learner file, with its item."""
+    module = _tests_module("exercise_styles")
+    return {f"style_{s.stem}": (module.learner_file(s), module.item_of(s)) for s in module.STYLES}
 
 
 def lab_files() -> dict[str, Path]:
@@ -85,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="what to record (default: everything)")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    files, exercises, catalogue = lab_files(), exercise_files(), mistakes()
-    everything = [*files, *exercises, *catalogue]
+    files, exercises, catalogue, written = lab_files(), exercise_files(), mistakes(), styles()
+    everything = [*files, *exercises, *catalogue, *written]
     names = args.names or everything
     unknown = [n for n in names if n not in everything]
     if unknown:
@@ -98,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             elif name in exercises:
                 path, item = exercises[name]
                 record(name, path, [item])
+            elif name in written:
+                text, item = written[name]
+                script = Path(tmp) / f"{name}.py"
+                script.write_text(text)
+                record(name, script, [item])
             else:
                 mistake, correct = catalogue[name]
                 script = Path(tmp) / "fashion_mnist.py"

@@ -1,0 +1,267 @@
+"""Calls the functions a learner writes in an exercise file, in launched processes that form a
+real process group, for the checks that judge a function rather than a whole program.
+
+    python -m autograde.checker.functions ring --script exercises/ring_allreduce.py \\
+        --world-sizes 2 3 4 --out DIR [--sizes 12 1001] [--ops sum max] [--repeats 1]
+    python -m autograde.checker.functions sampler --script exercises/shard_sampler.py \\
+        --world-sizes 1 2 3 4 --out DIR [--sizes 12 10 13] [--seeds 0 5] [--epochs 3]
+    python -m autograde.checker.functions collectives [--script exercises/predict_collectives.py] \\
+        --world-sizes 4 --out DIR
+
+For each world size in turn, a process group of that many processes is started (forked from
+this one, which has imported torch already: a launch costs one import of torch, not one per
+process). `ring`: every rank imports the learner's file as a module (its `if __name__ == "__main__":`
+block does not run), then, for each tensor size and reduction, makes a tensor of its own,
+computes what `dist.all_reduce` gives for it, and calls `ring_all_reduce(tensor, op)`. Each
+call is bracketed by "case_start"/"case_end" trace events, so that the messages the tracer
+records between them are that call's. `sampler`: every rank imports the file, then, for each data set size, shuffle, drop_last, seed
+and epoch, builds `ShardSampler(range(size), num_replicas=N, rank=r, shuffle=..., seed=...,
+drop_last=...)`, calls `set_epoch(epoch)` and iterates it twice; odd ranks go through the
+cases in the reverse order, so that a sampler that draws from a global random state, not from
+its seed, gives ranks that disagree.
+
+`collectives`: every rank makes each call of SCENARIOS (and all_reduce with each reduction) for
+real and records its buffer before and after; with --script, it also reads the file's
+PREDICTIONS (data only: no call of the learner's runs).
+
+Rank r of N processes writes what it found to `DIR/N-r.json` (a `RingReport`, a
+`SamplerReport` or a `CollectivesReport`).
+
+The processes use NCCL, one GPU each, where there are GPUs enough, else gloo on the CPU. The
+checker never imports the learner's file itself: this module runs in processes of its own.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from autograde.checker.formats import CollectivesReport, RingCase, RingReport, SamplerCase, SamplerReport
+
+GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
+
+
+def _learner_module(script: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("learner_exercise", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _error(err: BaseException, script: str) -> str:
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == script]
+    where = f" (line {frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"[:400]
+
+
+def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
+    import torch
+    import torch.distributed as dist
+
+    from autograde.checker.tracer import emit
+
+    report = RingReport(options.world_size, rank)
+    try:
+        ring_all_reduce = getattr(_learner_module(options.script), "ring_all_reduce")
+    except BaseException as err:  # an error at import: the report says it, the others stop too
+        report.error = _error(err, options.script)
+        return report
+    reductions = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+    case = 0
+    for numel in options.sizes:
+        for op in options.ops:
+            generator = torch.Generator().manual_seed(1000 * rank + numel)
+            mine = torch.randn(numel, generator=generator).to(device)
+            expected = mine.clone()
+            dist.all_reduce(expected, op=reductions[op])
+            ring_seconds, reference_seconds, error = [], [], float("inf")
+            for repeat in range(options.repeats):
+                tensor = mine.clone()
+                dist.barrier()
+                emit("case_start", case=case, world_size=options.world_size)
+                started = time.perf_counter()
+                try:
+                    returned = ring_all_reduce(tensor, op)
+                except BaseException as err:
+                    report.error = _error(err, options.script)
+                    return report
+                if device.type == "cuda":
+                    torch.cuda.synchronize()  # GPU work is queued: wait for it before reading the clock
+                ring_seconds.append(time.perf_counter() - started)
+                emit("case_end", case=case)
+                result = returned if isinstance(returned, torch.Tensor) else tensor  # in place, or returned
+                if repeat == 0 and result.shape == expected.shape:
+                    error = float((result.double() - expected.double()).abs().max().cpu()) if numel else 0.0
+                reference = mine.clone()
+                dist.barrier()
+                started = time.perf_counter()
+                dist.all_reduce(reference, op=reductions[op])
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                reference_seconds.append(time.perf_counter() - started)
+            report.cases.append(RingCase(case, numel, op, error, statistics.median(ring_seconds),
+                                         statistics.median(reference_seconds)))
+            case += 1
+    return report
+
+
+def _sampler(rank: int, options: argparse.Namespace, device: Any) -> SamplerReport:
+    import itertools
+
+    report = SamplerReport(options.world_size, rank)
+    try:
+        sampler_class = getattr(_learner_module(options.script), "ShardSampler")
+        cases = list(itertools.product(options.sizes, (True, False), (False, True), options.seeds, range(options.epochs)))
+        for size, shuffle, drop_last, seed, epoch in cases[::-1] if rank % 2 else cases:
+            sampler = sampler_class(range(size), num_replicas=options.world_size, rank=rank, shuffle=shuffle,
+                                    seed=seed, drop_last=drop_last)
+            sampler.set_epoch(epoch)
+            indices = [int(i) for i in sampler]
+            report.cases.append(SamplerCase(size, shuffle, drop_last, seed, epoch, indices, len(sampler),
+                                            [int(i) for i in sampler] == indices))
+    except BaseException as err:
+        report.error = _error(err, options.script)
+    return report
+
+
+# The collectives of notebook 10 and exercises/predict_collectives.py, on 4 ranks: each the call
+# as the exercise shows it. Rank r's buffer starts as [r + 1, 10 * (r + 1)].
+SCENARIOS: dict[str, str] = {
+    "send_recv": "rank 0: dist.send(buffer, dst=1); rank 1: dist.recv(buffer, src=0)",
+    "broadcast": "dist.broadcast(buffer, src=2)",
+    "reduce": "dist.reduce(buffer, dst=0)",
+    "all_reduce": "dist.all_reduce(buffer)",
+    "all_reduce_max": "dist.all_reduce(buffer, op=dist.ReduceOp.MAX)",
+    "all_gather": "dist.all_gather(out, buffer)",
+    "gather": "dist.gather(buffer, out if rank == 0 else None, dst=0)",
+    "scatter": "dist.scatter(buffer, pieces if rank == 0 else None, src=0)",
+    "reduce_scatter": "dist.reduce_scatter(buffer, list(big.chunk(4)))",
+}
+OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")  # all_reduce(buffer, op=...) on the same buffers
+
+
+def _scenario(name: str, rank: int, n: int) -> tuple[list[float], list[float]]:
+    """Run one scenario on this rank: its buffer before and after (a gather's or all_gather's
+    `out`, where there is one, as one list; a reduce-scatter's input `big` as `before`)."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = torch.tensor([rank + 1.0, 10.0 * (rank + 1)])
+    before = buffer.tolist()
+    if name == "send_recv":
+        if rank == 0:
+            dist.send(buffer, dst=1)
+        elif rank == 1:
+            dist.recv(buffer, src=0)
+    elif name == "broadcast":
+        dist.broadcast(buffer, src=2)
+    elif name == "reduce":
+        dist.reduce(buffer, dst=0)
+    elif name == "all_reduce":
+        dist.all_reduce(buffer)
+    elif name == "all_reduce_max":
+        dist.all_reduce(buffer, op=dist.ReduceOp.MAX)
+    elif name == "all_gather":
+        out = [torch.zeros(2) for _ in range(n)]
+        dist.all_gather(out, buffer)
+        return before, torch.cat(out).tolist()
+    elif name == "gather":
+        gathered = [torch.zeros(2) for _ in range(n)] if rank == 0 else None
+        dist.gather(buffer, gathered, dst=0)
+        return before, torch.cat(gathered).tolist() if gathered else before
+    elif name == "scatter":
+        pieces = [torch.tensor([100.0 + 2 * k, 101.0 + 2 * k]) for k in range(n)] if rank == 0 else None
+        dist.scatter(buffer, pieces, src=0)
+    elif name == "reduce_scatter":
+        big = torch.arange(1.0, 2 * n + 1) * (rank + 1)  # rank r: [1, 2, ..., 2N] * (r + 1)
+        dist.reduce_scatter(buffer, list(big.chunk(n)))
+        return big.tolist(), buffer.tolist()
+    elif name.startswith("op_"):
+        dist.all_reduce(buffer, op=getattr(dist.ReduceOp, name.removeprefix("op_")))
+    return before, buffer.tolist()
+
+
+def _collectives(rank: int, options: argparse.Namespace, device: Any) -> CollectivesReport:
+    report = CollectivesReport(options.world_size, rank)
+    for name in [*SCENARIOS, *(f"op_{op}" for op in OPS)]:
+        report.buffers[name] = list(_scenario(name, rank, options.world_size))
+    if options.script:
+        try:
+            predictions = getattr(_learner_module(options.script), "PREDICTIONS")
+            report.predictions = {k: _plain(v) for k, v in dict(predictions).items()}
+        except BaseException as err:
+            report.error = _error(err, options.script)
+    return report
+
+
+def _plain(value: Any) -> Any:
+    """A prediction as JSON: lists of numbers (tensors and tuples too), None, else its repr."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (int, float, type(None))) else repr(value)
+
+
+def _process(rank: int, options: argparse.Namespace) -> None:
+    os.environ["MASTER_PORT"] = options.port
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= options.world_size
+    if on_gpu:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=options.world_size,
+                            timeout=GROUP_TIMEOUT)
+    tasks: dict[str, Callable[[int, argparse.Namespace, Any], RingReport | SamplerReport | CollectivesReport]] = {
+        "ring": _ring, "sampler": _sampler, "collectives": _collectives}
+    report = tasks[options.task](rank, options, device)
+    (Path(options.out) / f"{options.world_size}-{rank}.json").write_text(json.dumps(asdict(report)))
+    if report.error is not None:
+        from autograde.checker.tracer import emit
+        emit("crash", error=report.error)
+        sys.stdout.flush()
+        os._exit(1)  # the others may wait for this rank: they fail fast when its sockets close
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m autograde.checker.functions")
+    parser.add_argument("task", choices=["ring", "sampler", "collectives"])
+    parser.add_argument("--script", default="", help="the learner's file (collectives: optional, for its PREDICTIONS)")
+    parser.add_argument("--world-sizes", type=int, nargs="+", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[12, 1001])
+    parser.add_argument("--ops", nargs="+", default=["sum", "max"], choices=["sum", "max"])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 5], help="sampler: the seeds to try")
+    parser.add_argument("--epochs", type=int, default=3, help="sampler: the epochs to try")
+    options = parser.parse_args()
+    options.script = os.path.abspath(options.script) if options.script else ""
+    import torch.multiprocessing as mp
+
+    from autograde import launch
+
+    os.environ["MASTER_ADDR"] = "localhost"
+    for world_size in options.world_sizes:
+        options.world_size, options.port = world_size, str(launch.free_port())
+        # fork: the processes start with torch imported (the parent has not started CUDA)
+        mp.start_processes(_process, args=(options,), nprocs=world_size, start_method="fork")
+
+
+if __name__ == "__main__":
+    main()

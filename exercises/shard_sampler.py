@@ -1,0 +1,100 @@
+"""A distributed sampler of your own: which images each process trains on, epoch by epoch.
+
+    python exercises/shard_sampler.py --world-size 4 --size 10
+
+In data-parallel training every process must see a different part of the data set, and all of
+them together must see all of it. DistributedSampler does that; here you write one. It must:
+
+- give every rank the same number of indices (a rank with fewer batches would wait forever in
+  the all-reduce of a batch the others never make): pad by repeating indices from the start of
+  the epoch's order, or, with drop_last=True, drop the last few;
+- cut the epoch's order into disjoint shards, one per rank: every index once (plus the padding);
+- shuffle with a generator seeded by seed + epoch, so that every rank makes the same order
+  without talking to the others, and a new order each epoch (set_epoch).
+
+Your TODOs are in ShardSampler.__iter__ and __len__. Running the file shows each rank's shard.
+"""
+import argparse
+import datetime
+import math
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import Sampler
+
+
+class ShardSampler(Sampler):
+    """This rank's share of the indices 0 .. len(dataset)-1, shuffled anew each epoch."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+        self.size = len(dataset)
+        # like DistributedSampler: without them, ask the process group
+        self.num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        self.rank = dist.get_rank() if rank is None else rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        """Call it before each epoch: the shuffle depends on it."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        # TODO sampler: the epoch's order of all indices, the same on every rank: a permutation from a
+        # generator seeded with seed + epoch (shuffle), else 0, 1, 2, ...
+        order = list(range(self.size))
+        # TODO sampler: make the order a multiple of num_replicas long (len(self) per rank): drop the
+        # tail with drop_last, else pad by repeating from the start; then take every
+        # num_replicas-th index, starting at this rank's.
+        return iter(order)
+
+    def __len__(self):
+        # TODO sampler: how many indices each rank gets: rounded down with drop_last, else up
+        return self.size
+
+
+def worker(rank, args):
+    torch.set_num_threads(1)  # one core per process: the processes share the machine's cores
+    dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
+                            timeout=datetime.timedelta(seconds=60))  # a peer that never comes: stop
+    sampler = ShardSampler(range(args.size), shuffle=not args.no_shuffle, seed=args.seed, drop_last=args.drop_last)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        print(f"epoch {epoch}, rank {rank}: {list(sampler)}")
+    dist.destroy_process_group()
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Show each rank's shard of a data set, epoch by epoch.")
+    parser.add_argument("--world-size", type=positive_int, default=4, help="how many processes (default 4)")
+    parser.add_argument("--size", type=positive_int, default=10, help="how many items in the data set (default 10)")
+    parser.add_argument("--epochs", type=positive_int, default=2, help="how many epochs to show (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default 0)")
+    parser.add_argument("--drop-last", action="store_true", help="drop the tail instead of padding")
+    parser.add_argument("--no-shuffle", action="store_true", help="keep the order 0, 1, 2, ...")
+    args = parser.parse_args()
+    os.environ["MASTER_ADDR"] = "localhost"  # every process runs on this machine
+    os.environ["MASTER_PORT"] = str(free_port())
+    mp.spawn(worker, args=(args,), nprocs=args.world_size)
+
+
+if __name__ == "__main__":
+    main()

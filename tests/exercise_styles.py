@@ -1,0 +1,40 @@
+"""Correct exercise files written the ways learners write them (tests/styles/exercises/): each
+must pass its exercise's check (tests/test_checks_recorded.py replays their recorded runs;
+python -m autograde.tools.record_runs records them).
+
+A style file either is a whole program (it has its own `__main__` block), or holds the
+definitions that replace one function, class or assignment of the exercise's solution (its first line says which:
+`# replaces: compute_pi`), as a learner fills the TODOs in their own way. The styles differ
+where learners differ: loops or tensors, strided or blocked shares, reduce or all_reduce or
+all_gather, numpy, blocking calls in a safe order, batch_isend_irecv, a returned tensor instead
+of an in-place one, a ring that turns the other way, helpers of their own.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from autograde import paths, registry
+
+STYLES = sorted((Path(__file__).resolve().parent / "styles" / "exercises").glob("*.py"))
+
+
+def item_of(style: Path) -> str:
+    """The exercise a style is written for: its name's first word (ring_batched.py: ring)."""
+    return style.name.split("_")[0]
+
+
+def learner_file(style: Path) -> str:
+    """The style as a whole exercise file."""
+    text = style.read_text()
+    first = text.splitlines()[0]
+    if not first.startswith("# replaces: "):
+        return text
+    function = first.removeprefix("# replaces: ").strip()
+    item = registry.item(item_of(style))
+    solution = (paths.REPO / str(item.checkpoint)).read_text()
+    (node,) = [n for n in ast.parse(solution).body
+               if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == function)
+               or (isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == [function])]
+    lines = solution.splitlines(keepends=True)
+    return "".join(lines[:node.lineno - 1]) + text + "".join(lines[node.end_lineno:])

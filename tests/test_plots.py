@@ -127,3 +127,33 @@ def test_amdahl_model() -> None:
     assert ys(line(time_ax, "T(N)")) == pytest.approx([105.0, 58.0, 100 / 3 + 11, 39.0])
     assert ys(line(time_ax, "ideal")) == pytest.approx([105.0, 52.5, 35.0, 26.25])
     assert ys(line(speedup_ax, "ideal")) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+def test_ring_states_follow_the_exercise_rounds(world_size: int) -> None:
+    """After the reduce-scatter rank r holds chunk (r + 1) % N complete; after the all-gather, all."""
+    states = plots.ring_states(world_size)
+    assert len(states) == 2 * world_size - 1
+    assert all(count == 1 for rank in states[0] for count in rank)
+    scattered = states[world_size - 1]
+    for rank in range(world_size):
+        assert scattered[rank][(rank + 1) % world_size] == world_size
+        assert sorted(scattered[rank]).count(world_size) == 1
+    assert all(count == world_size for rank in states[-1] for count in rank)
+    assert len(plots.ring_rounds(world_size).axes) == 2 * world_size - 1
+
+
+def test_padding_effect_shows_the_true_padded_and_dropped_accuracies() -> None:
+    """10 images over 4 ranks, right on those whose index is not a multiple of 3 (6 of 10)."""
+    fig = plots.padding_effect(10, 4)
+    widths = sorted(round(float(bar.get_width()), 1) for bar in fig.axes[0].patches if isinstance(bar, Rectangle))
+    assert widths == [58.3, 60.0, 62.5]  # padded 7/12, true 6/10, drop_last 5/8
+
+
+def test_ring_times_fits_latency_and_bandwidth() -> None:
+    """Times made from the model itself give back its latency and bandwidth."""
+    alpha, bandwidth = 50e-6, 2e9
+    seconds = {n: {s: (2 * (n - 1) * alpha + 2 * (n - 1) / n * 4 * s / bandwidth, 0.001) for s in (1_000, 100_000, 1_000_000)}
+               for n in (2, 3, 4)}
+    title = plots.ring_times(seconds)._suptitle
+    assert title is not None and "α = 50 µs" in title.get_text() and "B = 2.00 GB/s" in title.get_text(), title

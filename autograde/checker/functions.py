@@ -148,6 +148,7 @@ SCENARIOS: dict[str, str] = {
     "gather": "dist.gather(buffer, out if rank == 0 else None, dst=0)",
     "scatter": "dist.scatter(buffer, pieces if rank == 0 else None, src=0)",
     "reduce_scatter": "dist.reduce_scatter(buffer, list(big.chunk(4)))",
+    "split_sum": "part = torch.arange(1.0, 101.0)[25 * rank:25 * (rank + 1)].sum(); dist.all_reduce(part)",
 }
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")  # all_reduce(buffer, op=...) on the same buffers
 
@@ -188,6 +189,12 @@ def _scenario(name: str, rank: int, n: int) -> tuple[list[float], list[float]]:
         big = torch.arange(1.0, 2 * n + 1) * (rank + 1)  # rank r: [1, 2, ..., 2N] * (r + 1)
         dist.reduce_scatter(buffer, list(big.chunk(n)))
         return big.tolist(), buffer.tolist()
+    elif name == "split_sum":  # each rank sums its quarter of 1..100, then all add up the parts
+        share = 100 // n
+        part = torch.arange(1.0, 101.0)[share * rank:share * (rank + 1)].sum().reshape(1)
+        before = part.tolist()
+        dist.all_reduce(part)
+        return before, part.tolist()
     elif name.startswith("op_"):
         dist.all_reduce(buffer, op=getattr(dist.ReduceOp, name.removeprefix("op_")))
     return before, buffer.tolist()

@@ -444,11 +444,13 @@ def collective(buffers: dict[str, list[list[list[float]]]], name: str, call: str
     per_rank = buffers[name]
     before, after = [b for b, _ in per_rank], [a for _, a in per_rank]
     wide = max(len(x) for x in before + after)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(min(2.2 + 0.55 * wide, 7.5) * 2 / 1.6, 0.45 * len(per_rank) + 1.2),
+    title = call + (f"\n{note}" if note else "")
+    width = max(min(2.2 + 0.55 * wide, 7.5) * 2 / 1.6, 0.075 * max(len(line) for line in title.splitlines()))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(width, 0.45 * len(per_rank) + 1.2),
                                       gridspec_kw={"width_ratios": [max(len(x) for x in before), max(len(x) for x in after)]})
     _buffer_cells(left, before, "before")
     _buffer_cells(right, after, "after", [b != a for b, a in zip(before, after)])
-    fig.suptitle(call + (f"\n{note}" if note else ""), fontsize=9, family="monospace")
+    fig.suptitle(title, fontsize=9, family="monospace")
     fig.tight_layout()
     return _finish(fig)
 

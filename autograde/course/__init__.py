@@ -77,6 +77,15 @@ HIDDEN_TESTS: dict[str, list[Layout]] = {
 }
 
 
+def hidden_layouts() -> dict[str, tuple[list[str], Layout]]:
+    """The hidden tests by layout ("1x3": 1 node of 3 processes): the steps each layout checks."""
+    layouts: dict[str, tuple[list[str], Layout]] = {}
+    for step, extra in HIDDEN_TESTS.items():
+        for layout in extra:
+            layouts.setdefault(f"{layout.nodes}x{layout.procs_per_node}", ([], layout))[0].append(step)
+    return layouts
+
+
 def root() -> Path:
     return Path(os.environ.get("DDP_LAB_COURSE_DIR") or GRADING).resolve()
 

@@ -1,7 +1,9 @@
 """Record the runs that the check tests replay (tests/recorded/): the finished solution, the
 starter and every checkpoint, every exercise's TODO file and solution, every catalogued
-mistake (tests/mistakes.py; the lab's in both of its styles) and every exercise written in
-another style (tests/exercise_styles.py), each checked for the items its test asks about. A recording holds the script it was made from, so a test can say
+mistake (tests/mistakes.py; the lab's in both of its styles), every correct lab script in
+another style (tests/styles/, in the default layout and in the graders' hidden layouts) and
+every exercise written in another style (tests/exercise_styles.py), each checked for the items
+its test asks about. A recording holds the script it was made from, so a test can say
 when a file changed since and the recording must be made again.
 
     python -m autograde.tools.record_runs            # everything (about 25 minutes on 2 cores)
@@ -16,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autograde import paths, registry
+from autograde import course, paths, registry
 from autograde.checker import judge
 from autograde.checker.runs import Workspace
 
@@ -26,7 +28,8 @@ GRADED = [i.id for i in registry.ITEMS if i.graded and i.part == registry.LAB]
 EXERCISES = [i for i in registry.ITEMS if i.part != registry.LAB]
 
 
-ORIGINAL_LAB = paths.REPO / "tests" / "styles" / "original_lab.py"
+STYLES = paths.REPO / "tests" / "styles"
+ORIGINAL_LAB = STYLES / "original_lab.py"
 
 
 def _tests_module(name: str) -> Any:
@@ -61,6 +64,19 @@ def styles() -> dict[str, tuple[str, str]]:
     return {f"style_{s.stem}": (module.learner_file(s), module.item_of(s)) for s in module.STYLES}
 
 
+def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
+    """Each correct lab script in another style (tests/styles/*.py), with the items its recording
+    checks and the layout (processes per node, nodes): "lab_style_<name>", every step in the
+    default layout; "lab_style_<name>_<nodes>x<procs>", the steps the graders' hidden tests check
+    in that layout (autograde/course/, HIDDEN_TESTS)."""
+    found: dict[str, tuple[Path, list[str], int, int]] = {}
+    for path in sorted(STYLES.glob("*.py")):
+        found[f"lab_style_{path.stem}"] = (path, LAB_STEPS, 2, 2)
+        for name, (steps, layout) in course.hidden_layouts().items():
+            found[f"lab_style_{path.stem}_{name}"] = (path, steps, layout.procs_per_node, layout.nodes)
+    return found
+
+
 def lab_files() -> dict[str, Path]:
     """The starter and the checkpoints by name: each passes its steps and fails the next."""
     return {"starter": paths.STARTER, **{f"after_step_{n}": paths.SOLUTIONS / f"fashion_mnist_after_step_{n}.py"
@@ -77,8 +93,8 @@ def steps_after(name: str) -> list[str]:
     return GRADED[:done + 2]
 
 
-def record(name: str, script: Path, steps: list[str]) -> Path:
-    with Workspace(script) as ws:
+def record(name: str, script: Path, steps: list[str], procs_per_node: int = 2, nodes: int = 2) -> Path:
+    with Workspace(script, procs_per_node, nodes) as ws:
         verdicts = [judge.check(ws, step) for step in steps]
         out = OUT / f"{name}.json.gz"
         ws.save(out)
@@ -92,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     files, exercises, catalogue, written = lab_files(), exercise_files(), mistakes(), styles()
-    everything = [*files, *exercises, *catalogue, *written]
+    lab_written = lab_styles()
+    everything = [*files, *exercises, *catalogue, *written, *lab_written]
     names = args.names or everything
     unknown = [n for n in names if n not in everything]
     if unknown:
@@ -104,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             elif name in exercises:
                 path, item = exercises[name]
                 record(name, path, [item])
+            elif name in lab_written:
+                path, steps, procs, nodes = lab_written[name]
+                record(name, path, steps, procs, nodes)
             elif name in written:
                 text, item = written[name]
                 script = Path(tmp) / f"{name}.py"

@@ -87,7 +87,8 @@ def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
             expected = mine.clone()
             dist.all_reduce(expected, op=reductions[op])
             ring_seconds, reference_seconds, error = [], [], float("inf")
-            for repeat in range(options.repeats):
+            warm_up = 1 if options.repeats > 1 else 0  # when timing: a first call untimed (first messages set up links)
+            for repeat in range(options.repeats + warm_up):
                 tensor = mine.clone()
                 dist.barrier()
                 emit("case_start", case=case, world_size=options.world_size)
@@ -99,7 +100,8 @@ def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
                     return report
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # GPU work is queued: wait for it before reading the clock
-                ring_seconds.append(time.perf_counter() - started)
+                if repeat >= warm_up:
+                    ring_seconds.append(time.perf_counter() - started)
                 emit("case_end", case=case)
                 result = returned if isinstance(returned, torch.Tensor) else tensor  # in place, or returned
                 if repeat == 0 and result.shape == expected.shape:
@@ -110,7 +112,8 @@ def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
                 dist.all_reduce(reference, op=reductions[op])
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                reference_seconds.append(time.perf_counter() - started)
+                if repeat >= warm_up:
+                    reference_seconds.append(time.perf_counter() - started)
             report.cases.append(RingCase(case, numel, op, error, statistics.median(ring_seconds),
                                          statistics.median(reference_seconds)))
             case += 1

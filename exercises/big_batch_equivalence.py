@@ -63,6 +63,7 @@ def ddp_worker(rank, args, result_file):
           offset=rank * args.batch_size, stride=args.processes * args.batch_size)
     if rank == 0:
         torch.save(model.module.state_dict(), result_file)
+    del model  # free DDP before its process group: one that outlives the group can abort the process at exit
     dist.destroy_process_group()
 
 

@@ -40,13 +40,13 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
 from autograde.checker.formats import CollectivesReport, RingCase, RingReport, SamplerCase, SamplerReport
+from autograde.checker.harness import short_error
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
 
@@ -60,12 +60,6 @@ def _learner_module(script: str) -> ModuleType:
     return module
 
 
-def _error(err: BaseException, script: str) -> str:
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == script]
-    where = f" (line {frames[-1].lineno})" if frames else ""
-    return f"{type(err).__name__}: {err}{where}"[:400]
-
-
 def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
     import torch
     import torch.distributed as dist
@@ -76,7 +70,7 @@ def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
     try:
         ring_all_reduce = getattr(_learner_module(options.script), "ring_all_reduce")
     except BaseException as err:  # an error at import: the report says it, the others stop too
-        report.error = _error(err, options.script)
+        report.error = short_error(err, options.script)
         return report
     reductions = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
     case = 0
@@ -96,7 +90,7 @@ def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
                 try:
                     returned = ring_all_reduce(tensor, op)
                 except BaseException as err:
-                    report.error = _error(err, options.script)
+                    report.error = short_error(err, options.script)
                     return report
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # GPU work is queued: wait for it before reading the clock
@@ -135,7 +129,7 @@ def _sampler(rank: int, options: argparse.Namespace, device: Any) -> SamplerRepo
             report.cases.append(SamplerCase(size, shuffle, drop_last, seed, epoch, indices, len(sampler),
                                             [int(i) for i in sampler] == indices))
     except BaseException as err:
-        report.error = _error(err, options.script)
+        report.error = short_error(err, options.script)
     return report
 
 
@@ -212,7 +206,7 @@ def _collectives(rank: int, options: argparse.Namespace, device: Any) -> Collect
             predictions = getattr(_learner_module(options.script), "PREDICTIONS")
             report.predictions = {k: _plain(v) for k, v in dict(predictions).items()}
         except BaseException as err:
-            report.error = _error(err, options.script)
+            report.error = short_error(err, options.script)
     return report
 
 
@@ -223,6 +217,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value if isinstance(value, (int, float, type(None))) else repr(value)
+
+
+def read_reports(folder: Path) -> list[dict[str, Any]]:
+    """What every rank wrote in `folder` (as JSON: a RingReport, SamplerReport or CollectivesReport)."""
+    return [json.loads(path.read_text()) for path in sorted(Path(folder).glob("*-*.json"))]
 
 
 def _process(rank: int, options: argparse.Namespace) -> None:

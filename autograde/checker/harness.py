@@ -50,8 +50,12 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
 
 
-def _short_error(err: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == os.environ.get("DDP_LAB_SCRIPT")]
+def short_error(err: BaseException, script: str | None = None) -> str:
+    """`TypeError: ... (line 40)`: the error, at the last line of the learner's script (default:
+    $DDP_LAB_SCRIPT) that it passed through."""
+    script = script or os.environ.get("DDP_LAB_SCRIPT")
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if script and os.path.abspath(f.filename) == os.path.abspath(script)]
     where = f" (line {frames[-1].lineno})" if frames else ""
     return f"{type(err).__name__}: {err}{where}"[:400]
 
@@ -176,7 +180,7 @@ def run_main(script: str, wanted: Argv) -> tuple[_Node, _Stop | None]:
     except SystemExit as exit_:
         result.error = f"the script exited ({exit_.code}) with the command line: {' '.join(result.argv)}"
     except BaseException as err:  # the learner's code may raise anything
-        result.error = f"the script crashed: {_short_error(err)}"
+        result.error = f"the script crashed: {short_error(err)}"
     finally:
         argparse.ArgumentParser.parse_args = original_parse  # type: ignore[method-assign]
     if stopped is None:
@@ -273,7 +277,7 @@ def setup_run(script: str, wanted: Argv) -> Setup:
     except _TooLong:
         pass  # what the main code did is all there is to see
     except BaseException as err:  # the main code's part (Steps 1-2) stands; the workers run shows this
-        setup.spawned_error = f"the first spawned process crashed: {_short_error(err)}"
+        setup.spawned_error = f"the first spawned process crashed: {short_error(err)}"
     finally:
         signal.alarm(0)
     return setup
@@ -300,7 +304,7 @@ def _child(node: _Node, script: str, local_rank: int) -> int:
         return 0
     except BaseException as err:
         if tracer._trace_dir:
-            tracer.emit("crash", error=_short_error(err))
+            tracer.emit("crash", error=short_error(err))
         traceback.print_exc()
         return 1
 
@@ -319,7 +323,7 @@ def _node_in_own_process(script: str, argv: Argv, gpus: str) -> _Node:
                        "payload": base64.b64encode(node.payload).decode() if node.payload else None, "error": node.error}
             data = json.dumps(message, default=repr).encode()
         except BaseException as err:  # noqa: BLE001 (the parent must hear about anything)
-            data = json.dumps({"crash": _short_error(err)}).encode()
+            data = json.dumps({"crash": short_error(err)}).encode()
         with os.fdopen(write, "wb") as pipe:
             pipe.write(data)
         sys.stdout.flush()

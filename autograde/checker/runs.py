@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autograde import data, launch, paths
-from autograde.checker import devices
+from autograde.checker import devices, functions
 from autograde.checker.formats import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
@@ -212,8 +212,7 @@ class Workspace:
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus)))}
             results, stalled = self._launch(label, [[launch.PYTHON, *command, *out]], folder,
                                             env={**visible, **(env or {})})
-            report = ({"ranks": [json.loads(f.read_text()) for f in sorted(folder.glob("*-*.json"))]}
-                      if reports else None)
+            report = {"ranks": functions.read_reports(folder)} if reports else None
             self.__dict__[key] = Run(label, results, read_traces(folder), report, stalled, argv)
         run = self.__dict__[key]
         assert isinstance(run, Run)

@@ -165,6 +165,8 @@ def _patch_point_to_point(dist: Any) -> None:
     """send/recv/isend/irecv/batch_isend_irecv: one "message" event per message (who to, how
     big), and send/recv (which block) as calls, so that a deadlock names them. The wait() of a
     request that the learner's own code makes is a call too: that is where an isend/irecv blocks."""
+    for name in ("send", "recv"):  # they block: calls, traced as the collectives are
+        _wrap_collective(dist, name)
     for name in ("send", "recv", "isend", "irecv"):
         original = getattr(dist, name)
 
@@ -172,14 +174,8 @@ def _patch_point_to_point(dist: Any) -> None:
             @functools.wraps(original)
             def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
                 key = "dst" if "send" in name else "src"
-                peer = kwargs.get(key, kwargs.get(f"group_{key}", args[0] if args else None))
-                _message(name, tensor, peer)
-                if name in ("isend", "irecv"):
-                    return original(tensor, *args, **kwargs)
-                emit("enter", call=name)
-                result = original(tensor, *args, **kwargs)
-                emit("exit", call=name)
-                return result
+                _message(name, tensor, kwargs.get(key, kwargs.get(f"group_{key}", args[0] if args else None)))
+                return original(tensor, *args, **kwargs)
             wrapper._ddp_lab_original = original  # type: ignore[attr-defined]
             return wrapper
 

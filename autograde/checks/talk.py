@@ -1,22 +1,33 @@
 """The checks of the part "how processes talk" (exercises/*.py), one function per exercise.
 
-Each launches the learner's file as a learner would (`python exercises/compute_pi.py
+pi's launches the learner's file as a learner would (`python exercises/compute_pi.py
 --world-size 3`: the script starts its own processes), several times, and judges what the
-processes did and printed. Like the lab's checks, they read behaviour, never names or wording.
+processes did and printed. The others have the learner's data, function or class used in real
+process groups by autograde/checker/functions.py, and judge what each rank reported and the
+messages traced. Like the lab's checks, they read behaviour, never names or wording.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
+from typing import Any, TypeVar
 
 from autograde.checker import output
-from collections import Counter
-
 from autograde.checker.formats import (CollectivesReport, Event, ProcessTrace, RingReport, SamplerCase,
                                        SamplerReport)
 from autograde.checker.functions import SCENARIOS
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.tracer import COLLECTIVES
 from autograde.checker.verdicts import require, run_ok
+
+Report = TypeVar("Report", RingReport, SamplerReport, CollectivesReport)
+
+
+def _reports(run: Run, kind: type[Report]) -> list[Report]:
+    """Each rank's report of a run of autograde/checker/functions.py, by rank."""
+    ranks: list[dict[str, Any]] = (run.report or {}).get("ranks", [])
+    return sorted((kind.from_json(r) for r in ranks), key=lambda r: (r.world_size, r.rank))
+
 
 # predict_collectives ---------------------------------------------------------------------
 
@@ -46,8 +57,7 @@ def check_predict(ws: Workspace) -> str:
     with sum and max, all_gather, scatter, reduce_scatter) match what the calls give, made for
     real on 4 processes (to 1e-6; lists, tuples, tensors, ints or floats alike)."""
     run = _collectives_run(ws)
-    reports = sorted((CollectivesReport.from_json(r) for r in (run.report or {}).get("ranks", [])),
-                     key=lambda r: r.rank)
+    reports = _reports(run, CollectivesReport)
     for report in reports:
         require(report.error is None, f"PREDICTIONS could not be read: {report.error}",
                 "PREDICTIONS must be a dict of lists of numbers, one list per rank")
@@ -187,7 +197,7 @@ def check_ring(ws: Workspace) -> str:
     receives from one neighbour, each message at most 1/N of the tensor (plus N elements, for
     uneven chunks). A ring that deadlocks is stopped, and each rank's waiting call is named."""
     run = _ring_run(ws)
-    reports = [RingReport.from_json(r) for r in (run.report or {}).get("ranks", [])]
+    reports = _reports(run, RingReport)
     for report in reports:
         require(report.error is None, f"with {report.world_size} processes, ring_all_reduce raised on rank "
                 f"{report.rank}: {report.error}", "the error names the line of your ring where it happened")
@@ -195,13 +205,13 @@ def check_ring(ws: Workspace) -> str:
            "receive first on every other rank), then recv, then wait for the send")
     traces = _groups(run)
     for n in RING_WORLD_SIZES:
-        group = sorted((r for r in reports if r.world_size == n), key=lambda r: r.rank)
+        group = [r for r in reports if r.world_size == n]  # by rank
         require(len(group) == n, f"with {n} processes, {len(group)} returned from ring_all_reduce",
                 "every rank must return from ring_all_reduce")
         for case in group[0].cases:
             what = f"ring_all_reduce of {case.numel:,} floats with {case.op!r} on {n} processes"
-            for rank in range(n):
-                events = _case_events(traces[n, rank], case.case)
+            during = {rank: _case_events(traces[n, rank], case.case) for rank in range(n)}
+            for rank, events in during.items():
                 used = sorted({e["call"] for e in events if e["ev"] == "enter" and e["call"] in COLLECTIVES})
                 require(not used, f"{what}: rank {rank} called dist.{used[0] if used else ''}()",
                         "build the ring from dist.send/recv (or isend/irecv) alone: a collective does the "
@@ -211,8 +221,8 @@ def check_ring(ws: Workspace) -> str:
                 require(error <= RING_TOLERANCE,
                         f"{what}: rank {report.rank}'s result differs from dist.all_reduce's by up to {error:.3g}",
                         _ring_hint(case.op))
-            for rank in range(n):
-                _require_ring_messages(what, rank, _case_events(traces[n, rank], case.case), n, case.numel)
+            for rank, events in during.items():
+                _require_ring_messages(what, rank, events, n, case.numel)
     largest = max(r.cases[-1].seconds for r in reports if r.world_size == RING_WORLD_SIZES[-1])
     return (f"ring_all_reduce agrees with dist.all_reduce on 2-4 processes for {', '.join(f'{s:,}' for s in RING_SIZES)} "
             f"floats (sum and max), with 2(N-1) messages of about 1/N per rank ({RING_SIZES[-1]:,} floats on 4 "
@@ -276,14 +286,14 @@ def check_sampler(ws: Workspace) -> str:
     samplers in the reverse order: shards drawn from a global random state, not from the seed
     and epoch, disagree between ranks and fail."""
     run = _sampler_run(ws)
-    reports = [SamplerReport.from_json(r) for r in (run.report or {}).get("ranks", [])]
+    reports = _reports(run, SamplerReport)
     for report in reports:
         require(report.error is None, f"with {report.world_size} processes, the sampler raised on rank "
                 f"{report.rank}: {report.error}", "the error names the line of your sampler where it happened")
     run_ok(run, "build and iterate the sampler without any collective: each rank computes its shard alone")
     orders: dict[tuple[int, int, bool, bool, int, int], tuple[tuple[int, ...], ...]] = {}
     for n in SAMPLER_WORLD_SIZES:
-        group = sorted((r for r in reports if r.world_size == n), key=lambda r: r.rank)
+        group = [r for r in reports if r.world_size == n]  # by rank
         require(len(group) == n, f"with {n} processes, {len(group)} built their samplers", "every rank must finish")
         by_case: dict[tuple[int, bool, bool, int, int], list[SamplerCase]] = {}
         for report in group:

@@ -1,14 +1,16 @@
 """What the notebooks of the part "how processes talk" call: launching an exercise with N
-processes and timing it (through lab.run: output in the cell, a time limit, nothing left running)."""
+processes and timing it, and the checker's runner of collectives and rings (all through lab.run:
+output in the cell, a time limit, nothing left running)."""
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from autograde import launch, paths
+from autograde.checker import functions
 from autograde.checker.formats import CollectivesReport, RingReport
 from autograde.notebook import lab
 
@@ -34,17 +36,24 @@ def wall_times(name: str, world_sizes: list[int], *args: str | int) -> dict[int,
     return seconds
 
 
+def _call(task: str, *options: str | Path, timeout: float) -> list[dict[str, Any]]:
+    """The checker's runner (autograde/checker/functions.py) made to do `task` in processes of
+    its own, through lab.run (a time limit, nothing left running): what each rank reported."""
+    with tempfile.TemporaryDirectory() as out:
+        lab.run([launch.PYTHON, "-m", "autograde.checker.functions", task, *map(str, options), "--out", out],
+                timeout=timeout, echo=False, env={"PYTHONPATH": str(paths.REPO), "OMP_NUM_THREADS": "1"})
+        return functions.read_reports(Path(out))
+
+
 def ring_times(world_sizes: list[int], sizes: list[int], repeats: int = 5) -> dict[int, dict[int, tuple[float, float]]]:
     """Time the learner's ring_all_reduce (exercises/ring_allreduce.py) beside dist.all_reduce:
     seconds[N][floats] = (ring, all_reduce), each the median of `repeats` calls, slowest rank's.
     The calls are made by the checker's runner (autograde/checker/functions.py), in processes of
     their own; a ring that gives wrong results is said so (its times mean little)."""
-    with tempfile.TemporaryDirectory() as out:
-        lab.run([launch.PYTHON, "-m", "autograde.checker.functions", "ring", "--script", exercise("ring_allreduce.py"),
-                 "--world-sizes", *map(str, world_sizes), "--sizes", *map(str, sizes), "--repeats", str(repeats),
-                 "--ops", "sum", "--out", out], timeout=600, echo=False,
-                env={"PYTHONPATH": str(paths.REPO), "OMP_NUM_THREADS": "1"})
-        reports = [RingReport.from_json(json.loads(p.read_text())) for p in Path(out).glob("*-*.json")]
+    reports = [RingReport.from_json(r) for r in _call("ring", "--script", exercise("ring_allreduce.py"),
+                                                      "--world-sizes", *map(str, world_sizes), "--sizes",
+                                                      *map(str, sizes), "--repeats", str(repeats), "--ops", "sum",
+                                                      timeout=600)]
     seconds: dict[int, dict[int, tuple[float, float]]] = {}
     for report in reports:
         for case in report.cases:
@@ -69,9 +78,6 @@ def arrival_orders(runs: int = 3, world_size: int = 4) -> list[list[int]]:
 def collectives() -> dict[str, list[list[list[float]]]]:
     """Every collective of the course's scenarios (autograde/checker/functions.py, SCENARIOS),
     made for real on 4 processes: buffers[name][rank] = [before, after]."""
-    with tempfile.TemporaryDirectory() as out:
-        lab.run([launch.PYTHON, "-m", "autograde.checker.functions", "collectives", "--world-sizes", "4", "--out", out],
-                timeout=300, echo=False, env={"PYTHONPATH": str(paths.REPO), "OMP_NUM_THREADS": "1"})
-        reports = sorted((CollectivesReport.from_json(json.loads(p.read_text())) for p in Path(out).glob("*-*.json")),
-                         key=lambda r: r.rank)
+    reports = sorted((CollectivesReport.from_json(r) for r in _call("collectives", "--world-sizes", "4", timeout=300)),
+                     key=lambda r: r.rank)
     return {name: [r.buffers[name] for r in reports] for name in reports[0].buffers}

@@ -4,6 +4,10 @@ Everything the lab launches goes through here, so that every launch gets the sam
 treatment: one thread per process (several processes on a few cores otherwise fight over
 them), unbuffered output, a wall-clock limit, and afterwards no process of the group left
 alive, whether the command finished, crashed or hung.
+
+A launch's processes are its process group and every process that carries its mark (MARK in
+the environment, which children inherit): torchrun starts each worker in a session of its own,
+outside the group, and a worker whose torchrun was killed would otherwise run on.
 """
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 PYTHON = sys.executable
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MARK = "DDP_LAB_LAUNCH"  # in the environment of every process a launch starts, and of their children
+_marks: dict[int, str] = {}  # process group (the launched command's pid) -> its mark
 
 
 @dataclass
@@ -62,37 +69,53 @@ def start(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
     The command gets Ctrl-C's default disposition whatever this process inherited: started from
     a background job (`nohup make test &`), SIGINT would be ignored, and Python would then never
     raise KeyboardInterrupt in the script."""
-    return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=child_env(env), text=True,
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=_marked(child_env(env), mark), text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                             start_new_session=True, preexec_fn=_default_sigint)
+    _marks[proc.pid] = mark
+    return proc
+
+
+def _marked(env: dict[str, str], mark: str) -> dict[str, str]:
+    """`env` with `mark` added to the marks it inherited (a launch inside a launch carries both)."""
+    return {**env, MARK: ":".join(filter(None, [env.get(MARK), mark]))}
 
 
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _processes() -> list[tuple[str, int, float]]:
-    """(state, process group, CPU seconds used) of every process, from /proc (Linux only)."""
+def _processes() -> list[tuple[str, int, float, int, str | None]]:
+    """(state, process group, CPU seconds used, pid, launch mark) of every process, from /proc (Linux only)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            environ = (stat.parent / "environ").read_bytes()
         except (OSError, IndexError):
-            continue  # the process went away while we looked
-        found.append((fields[0], int(fields[2]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS))
+            continue  # the process went away while we looked (or is not ours to read)
+        mark = next((v.decode()[len(MARK) + 1:] for v in environ.split(b"\0") if v.startswith(MARK.encode() + b"=")), None)
+        found.append((fields[0], int(fields[2]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+                      int(stat.parent.name), mark))
     return found
 
 
+def _ours(pgid: int, group: int, mark: str | None) -> bool:
+    """Whether a process belongs to the launch whose group is `pgid`: in the group, or marked by it."""
+    return group == pgid or (mark is not None and _marks.get(pgid) in mark.split(":"))
+
+
 def _group_alive(pgid: int) -> bool:
-    """True while a process of the group is still running (exited, unreaped zombies do not count)."""
+    """True while a process of the launch is still running (exited, unreaped zombies do not count)."""
     if not Path("/proc").is_dir():  # not Linux: ask the kernel whether the group exists at all
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
         return True
-    return any(group == pgid and state != "Z" for state, group, _ in _processes())
+    return any(_ours(pgid, group, mark) and state != "Z" for state, group, _, _, mark in _processes())
 
 
 def cpu_seconds(pgids: Sequence[int]) -> float:
@@ -104,15 +127,23 @@ def cpu_seconds(pgids: Sequence[int]) -> float:
     """
     if not Path("/proc").is_dir():
         return 0.0
-    return sum(cpu for _, group, cpu in _processes() if group in pgids)
+    return sum(cpu for _, group, cpu, _, mark in _processes() if any(_ours(p, group, mark) for p in pgids))
 
 
 def kill_group(pgid: int) -> None:
-    """SIGKILL every process of the group (gone already is fine)."""
+    """SIGKILL every process of the launch: its group, and the processes that carry its mark
+    (gone already is fine)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    if pgid in _marks and Path("/proc").is_dir():
+        for _, group, _, pid, mark in _processes():
+            if _ours(pgid, group, mark) and pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = None) -> Result:
@@ -149,8 +180,10 @@ def run_in_terminal(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
     """Run `cmd` with its output on this terminal (`make run`), to its end or to Ctrl-C (130).
     There is no time limit: the person who started it watches it; either way, nothing of its
     process group is left running afterwards."""
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=child_env(env), stdin=subprocess.DEVNULL,
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=_marked(child_env(env), mark), stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_default_sigint)
+    _marks[proc.pid] = mark
     try:
         return proc.wait()
     except KeyboardInterrupt:

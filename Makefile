@@ -96,7 +96,7 @@ synthetic-data: setup
 # The nbgrader course (README, Instructors). FROM: the commit to release (default HEAD; FROM=files: the
 # files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course/__init__.py:
 # /usr/local/share/nbgrader/exchange). NBGRADER_ARGS: more options for nbgrader's exchange commands.
-# PART: the part of the course, an assignment of its own (default ddp_lab; processes_talk).
+# PART: the part of the course, an assignment of its own (default ddp_lab; processes_talk, launching).
 FROM ?=
 EXCHANGE ?=
 NBGRADER_ARGS ?=

@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import lab, talk
+from autograde.checks import lab, launching, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
 
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
-RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring")
+RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart")
 
 
 def family(run_key: str) -> str:
@@ -99,6 +99,17 @@ ITEMS += [
     Item("ring", "ring all-reduce with send and recv", 3, TALK, "13_ring_allreduce", "exercises/ring_allreduce.py",
          "solutions/ring_allreduce.py", ("ring",), talk.check_ring, todo="ring"),
 ]
+LAUNCH = "launching"  # the part "launching for real": scripts started by torchrun, killed, restarted
+ITEMS += [
+    Item("torchrun", "the finished lab, launched by torchrun", 2, LAUNCH, "14_torchrun",
+         "exercises/fashion_mnist_torchrun.py", "solutions/fashion_mnist_torchrun.py", ("torchrun",),
+         launching.check_torchrun, todo="torchrun"),
+    Item("checkpoint", "a checkpoint every epoch, written safely", 2, LAUNCH, "15_fault_tolerance",
+         "exercises/resume_training.py", "solutions/resume_training.py", ("checkpoint",), launching.check_checkpoint,
+         todo="checkpoint"),
+    Item("resume", "resume after a worker is killed", 2, LAUNCH, "15_fault_tolerance", "exercises/resume_training.py",
+         "solutions/resume_training.py", ("checkpoint", "restart"), launching.check_resume, todo="resume"),
+]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
 BY_ID = {item.id: item for item in ITEMS}
@@ -128,8 +139,12 @@ class Part:
 PARTS = [
     Part(LAB, "The DDP Lab: fashion_mnist.py, Steps 0-10", "0*.ipynb", "*step*",
          ("exercises/big_batch_equivalence.py",)),
-    Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1*.ipynb", "1*",
-         ("exercises/hello_ranks.py",)),
+    Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1[0-3]_*.ipynb",
+         "1[0-3]_*", ("exercises/hello_ranks.py",)),
+    Part(LAUNCH, "Launching for real: torchrun, checkpoints and restarts, SLURM, nodes that never arrive",
+         "1[4-6]_*.ipynb", "1[4-5]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
+                                         "solutions/slurm/srun_one_task_per_gpu.sbatch",
+                                         "solutions/slurm/srun_torchrun_per_node.sbatch")),
 ]
 PART = {part.id: part for part in PARTS}
 

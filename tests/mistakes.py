@@ -166,6 +166,9 @@ RING_WHOLE = """    passing, incoming, total = tensor.clone(), torch.empty_like(
 """
 SAMPLER_SHUFFLE = ("            generator = torch.Generator().manual_seed(self.seed + self.epoch)\n"
                    "            order = torch.randperm(self.size, generator=generator).tolist()\n")
+SAVE_GUARD = "    if dist.get_rank() == 0:\n        checkpoint = {\n"
+SAVE_ATOMIC = "        torch.save(checkpoint, temporary)\n        os.replace(temporary, path)\n"
+SAVE_BARRIER = "    dist.barrier()  # nobody goes on (or reads the file) before it is complete\n"
 EXERCISE_MISTAKES = [
     Mistake("pi_remainder_dropped", "pi", ((PI_SHARE, "    share = intervals // world_size\n"
                                                       "    start, stop = rank * share, (rank + 1) * share\n"),),
@@ -217,4 +220,24 @@ EXERCISE_MISTAKES = [
             "reduce_scatter: after dist.reduce_scatter"),
     Mistake("predict_one_list_not_per_rank", "predict", (('"all_reduce": [[10, 100], [10, 100], [10, 100], [10, 100]]',
                                                           '"all_reduce": [10, 100]'),), "not one list per rank"),
+    # launching for real: the torchrun form of the lab, and checkpoints under torchrun
+    Mistake("torchrun_rank_from_local_rank", "torchrun", (('    rank = int(os.environ["RANK"])\n',
+                                                          '    rank = local_rank\n'),),
+            "rank 1's samplers were given num_replicas=2, rank=0"),
+    Mistake("torchrun_world_size_per_node", "torchrun", (('    args.world_size = int(os.environ["WORLD_SIZE"])\n',
+                                                         '    args.world_size = int(os.environ["LOCAL_WORLD_SIZE"])\n'),),
+            "num_replicas=1"),
+    Mistake("checkpoint_every_rank_saves", "checkpoint", ((SAVE_GUARD, "    if True:\n        checkpoint = {\n"),),
+            "ranks 0 and 1 each wrote checkpoint.pt"),
+    Mistake("checkpoint_no_barrier", "checkpoint", ((SAVE_BARRIER, ""),), "rank 1 went on without waiting"),
+    # after saving, every rank reloads the file to share the state, without waiting for rank 0
+    Mistake("checkpoint_loaded_while_written", "checkpoint",
+            ((SAVE_BARRIER, "    load_checkpoint(path, model, optimizer, next(model.parameters()).device)\n" + SAVE_BARRIER),),
+            "read checkpoint.pt while rank 0 was still writing"),
+    Mistake("checkpoint_not_atomic", "resume", ((SAVE_ATOMIC, "        torch.save(checkpoint, path)\n"),),
+            "could not load the checkpoint it left"),
+    Mistake("resume_at_saved_epoch", "resume", (('    return checkpoint["epoch"] + 1\n', '    return checkpoint["epoch"]\n'),),
+            "began again at epoch 1"),
+    Mistake("resume_without_optimizer", "resume", (('    optimizer.load_state_dict(checkpoint["optimizer"])\n', ""),),
+            "differ from an undisturbed run's"),
 ]

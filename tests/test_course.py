@@ -190,10 +190,11 @@ def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
     assert "1 grade cells restored with their hidden tests" in log.summary()
 
 
-def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path) -> None:
-    """`make release PART=processes_talk` hands out that part's notebooks and exercise files (not the
-    lab's), and `make grade PART=...` gives a solved exercise its points."""
-    part = registry.PART[registry.TALK]
+@pytest.mark.parametrize("part_id", [registry.TALK, registry.LAUNCH])
+def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) -> None:
+    """`make release PART=processes_talk` (or launching) hands out that part's notebooks and files
+    (not the lab's), and `make grade PART=...` gives solved exercises their points."""
+    part = registry.PART[part_id]
     make("release", tmp_path, 300, f"PART={part.id}")
     released = tmp_path / "release" / part.id
     assert sorted(p.stem for p in released.glob("*.ipynb")) == sorted(p.stem for p in (ROOT / "notebooks").glob(part.notebooks))

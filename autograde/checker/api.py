@@ -80,9 +80,10 @@ def _say(text: str) -> None:
 
 
 def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus: int,
-           say: Callable[[str], None] | None) -> tuple[dict[str, Result], dict[str, str]]:
+           say: Callable[[str], None] | None, record: Path | None = None) -> tuple[dict[str, Result], dict[str, str]]:
     """One set of runs: the verdicts on `wanted` and on every step those runs also answer, and
-    the runs that ended for a reason outside the script (by name, with the reason)."""
+    the runs that ended for a reason outside the script (by name, with the reason). The runs are
+    recorded in `record` when none ended for such a reason."""
     known: dict[str, Result] = {}
     with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
         for step in wanted:
@@ -93,6 +94,11 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
                 known[step] = judge.check(ws, step)
         outside = {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
                    if (cause := run.outside_cause()) is not None}
+        if record is not None and not outside:
+            try:
+                ws.save(record)
+            except OSError:
+                pass  # only a notebook's picture would have to make the runs again
     return known, outside
 
 
@@ -137,11 +143,12 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
     if all(step in known for step in wanted):
         return [known[step] for step in wanted]
     say = None if quiet else _say
-    verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
+    record = cache.runs_file(path, procs_per_node, nodes, layout)
+    verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
     if outside:
         if say:
             say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
-        verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say)
+        verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
     for step, result in verdicts.items():
         affected = {name: cause for name, cause in outside.items() if registry.family(name) in registry.item(step).runs}
         if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
@@ -152,6 +159,18 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
             if not set(registry.item(step).runs) & {registry.family(name) for name in outside} and not r.checker_error}
     cache.save(path, procs_per_node, nodes, layout, {**known, **kept})
     return [verdicts[step] for step in wanted]
+
+
+def recorded_runs(script: str | Path, procs_per_node: int = 2, nodes: int = 2) -> Workspace | None:
+    """The runs the last check of this exact script made (replayed; see Workspace.replay), if
+    they were recorded and the checker has not changed since; else None."""
+    path = Path(script).resolve()
+    layout = devices.signature(devices.plan(gpu_count(), procs_per_node, nodes))
+    record = cache.runs_file(path, procs_per_node, nodes, layout)
+    try:
+        return Workspace.replay(record) if record.is_file() else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def assert_step(step: Step, script: str | Path | None = None, procs_per_node: int = 2,

@@ -47,6 +47,12 @@ def _file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Path:
     return folder() / f"{key.hexdigest()[:32]}.json"
 
 
+def runs_file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Path:
+    """Where the runs behind the script's verdicts are recorded (Workspace.save), for a notebook
+    that draws what the check saw without making the runs again."""
+    return _file(script, procs_per_node, nodes, devices).with_suffix(".runs.json.gz")
+
+
 def load(script: Path, procs_per_node: int, nodes: int, devices: str) -> dict[str, Result]:
     """The verdicts known for this exact script and layout (none when unreadable)."""
     try:

@@ -22,9 +22,10 @@ from typing import Any
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
     "enter": ("call", "backend", "world_size"),
-    "exit": ("call", "rank_joined", "world_size", "backend"),
+    # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted
+    "exit": ("call", "rank_joined", "world_size", "backend", "env_rank", "life"),
     "set_device": ("device",),
-    "parameters": ("sha1", "when"),
+    "parameters": ("sha1", "when", "norms", "steps"),
     "spawn": ("call", "nprocs", "fn", "caller_module"),
     "child_signal": ("signal",),
     "dataset_enter": ("train", "download"),
@@ -54,6 +55,14 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # with DDP_LAB_COUNT_WORK=1, at destroy_process_group: the elements the process's PyTorch
     # operations produced plus the lines of the learner's file it ran (tracer._count_work)
     "work": ("amount",),
+    # checkpoints (tracer._patch_checkpoints): files written, read and renamed, absolute paths
+    "save_enter": ("path",),
+    "save_exit": ("path",),
+    "load_enter": ("path", "map_location"),
+    "load_exit": ("path",),
+    "moved": ("src", "dst"),
+    # a fault the checker injected: the process kills itself (after `steps` steps, or halfway through writing `path`)
+    "killed": ("steps", "path"),
 }
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -111,11 +112,20 @@ def signal_name(number: int) -> str:
         return str(number)
 
 
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")  # torchrun's workers' lines: "[rank1]: ValueError: ..."
+EXCEPTION = re.compile(r"^[A-Za-z_]*(Error|Exception)\b")
+
+
 def short(text: str, limit: int = 300) -> str:
-    """The part of an error output that matters: its last line, or a one-line 'error: ...'."""
+    """The part of an error output that matters: its last line, or a one-line 'error: ...'. Under
+    torchrun, whose own report ends the output, the first exception a worker raised."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if not lines:
         return "(no output)"
+    raised = [RANK_PREFIX.sub("", line) for line in lines if RANK_PREFIX.match(line)]
+    raised = [line for line in raised if EXCEPTION.match(line) or line.lower().startswith("error")]
+    if raised:
+        return raised[0][:limit]
     errors = [line for line in lines if line.lower().startswith(("error", "runtimeerror", "valueerror"))
               or ": error: " in line]
     return (errors[-1] if errors else lines[-1])[:limit]
@@ -195,6 +205,24 @@ class Workspace:
         processes), traced, made once per `key` ("<family>/<which>": the family is what an item's
         `runs` names in autograde/registry.py). `label` names it in verdicts ("run with 3 processes")."""
         return self._once(key, label, [str(self.script), *argv], argv, env)
+
+    def torchrun(self, key: str, label: str, nodes: list[tuple[list[str], list[str]]],
+                 env: dict[str, str] | None = None) -> Run:
+        """`torchrun OPTIONS script ARGV` for each (OPTIONS, ARGV) of `nodes`, the commands started
+        together (one per simulated node), traced: torchrun's agent and every worker it starts,
+        restarts included. Made once per `key`, like `launched`. The workers use the CPU unless
+        there are two GPUs or more (each node command then sees them all)."""
+        if key not in self.__dict__:
+            folder = self._folder(key.replace("/", "-"))
+            commands = [[launch.PYTHON, "-m", "torch.distributed.run", *options, str(self.script), *argv]
+                        for options, argv in nodes]
+            visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus))) if self.gpus >= 2 else ""}
+            results, stalled = self._launch(label, commands, folder, env={**visible, **(env or {})})
+            options, argv = nodes[0]
+            self.__dict__[key] = Run(label, results, read_traces(folder), None, stalled, ["torchrun", *options, *argv])
+        run = self.__dict__[key]
+        assert isinstance(run, Run)
+        return run
 
     def called(self, key: str, label: str, task: str, options: list[str]) -> Run:
         """The learner's functions called in real process groups by autograde/checker/functions.py

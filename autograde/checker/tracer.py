@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import weakref
@@ -37,6 +38,10 @@ TRACE_DIR = "DDP_LAB_TRACE_DIR"
 STAGING = "DDP_LAB_STAGING"
 SCRIPT = "DDP_LAB_SCRIPT"
 COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch operation computes
+# Faults the checker injects into the first life of a torchrun group (autograde/checks/launching.py):
+KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
+TEAR_SAVE = "DDP_LAB_TEAR_SAVE"  # "<rank>:<n>": that rank's n-th torch.save writes half the file, then SIGKILL
+SLOW_SAVE = "DDP_LAB_SLOW_SAVE"  # seconds every torch.save waits before writing: a window in which to be caught
 DOWNLOAD_SECONDS = 1.0
 
 COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -122,7 +127,7 @@ def _patch_distributed() -> None:
              rank=kwargs.get("rank"), world_size=kwargs.get("world_size"))
         result = original_init(*args, **kwargs)
         emit("exit", call="init_process_group", rank_joined=dist.get_rank(), world_size=dist.get_world_size(),
-             backend=str(dist.get_backend()))
+             backend=str(dist.get_backend()), env_rank=os.environ.get("RANK"), life=_life())
         if _work:
             _count_lines(sys._getframe(1))
         return result
@@ -209,14 +214,90 @@ def _patch_point_to_point(dist: Any) -> None:
 
 
 def record_parameters(when: str = "end") -> None:
-    """A fingerprint of the DDP model's parameters (every rank must have the same one)."""
+    """A fingerprint of the DDP model's parameters (every rank must have the same one), each
+    tensor's norm (to tell close from far when fingerprints differ) and the optimizer steps so far."""
     alive = [m for ref in _ddp if (m := ref()) is not None]
     if not alive:
         return
-    digest = hashlib.sha1()
+    digest, norms = hashlib.sha1(), []
     for p in alive[-1].module.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    emit("parameters", sha1=digest.hexdigest(), when=when)
+        norms.append(float(p.detach().double().norm()))
+    emit("parameters", sha1=digest.hexdigest(), when=when, norms=norms, steps=_steps[0])
+
+
+def _life() -> int:
+    """How many times torchrun has restarted this process's group (0: the first start, or no torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _target(f: Any) -> str | None:
+    """The file a torch.save/torch.load reads or writes, as an absolute path (None: in memory)."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) else None
+
+
+def _patch_checkpoints() -> None:
+    """torch.save, torch.load, os.replace and os.rename, traced: who wrote and read which file,
+    when, and which temporary file became which checkpoint. Faults are injected here on request
+    (SLOW_SAVE, TEAR_SAVE): a save slowed down, and a process killed halfway through writing."""
+    import io
+
+    import torch
+
+    original_save, original_load = torch.save, torch.load
+    saves = [0]
+
+    @functools.wraps(original_save)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _target(f)
+        emit("save_enter", path=path)
+        saves[0] += 1
+        if os.environ.get(SLOW_SAVE):
+            time.sleep(float(os.environ[SLOW_SAVE]))
+        tear = os.environ.get(TEAR_SAVE, "")
+        if tear and _life() == 0 and [_rank(), saves[0]] == [int(x) for x in tear.split(":")]:
+            buffer = io.BytesIO()
+            original_save(obj, buffer, *args, **kwargs)
+            half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+            if path is not None and not hasattr(f, "write"):
+                with open(path, "wb") as out:
+                    out.write(half)
+                    out.flush()
+                    os.fsync(out.fileno())
+            elif hasattr(f, "write"):
+                f.write(half)
+                f.flush()
+            emit("killed", path=path)
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = original_save(obj, f, *args, **kwargs)
+        emit("save_exit", path=path)
+        return result
+
+    @functools.wraps(original_load)
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _target(f)
+        emit("load_enter", path=path, map_location=repr(kwargs.get("map_location", args[0] if args else None)))
+        result = original_load(f, *args, **kwargs)
+        emit("load_exit", path=path)
+        return result
+
+    torch.save, torch.load = save, load
+    for name in ("replace", "rename"):
+        original = getattr(os, name)
+
+        def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(src, dst, *args, **kwargs)
+                if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
+                    emit("moved", src=os.path.abspath(os.fspath(src)), dst=os.path.abspath(os.fspath(dst)))
+                return result
+            return wrapper
+
+        setattr(os, name, make(original, name))
 
 
 def _patch_spawn() -> None:
@@ -362,6 +443,10 @@ def _count_step() -> None:
     _steps[0] += 1
     if _steps[0] == 1:
         emit("first_optimizer_step")
+    kill = os.environ.get(KILL_AT_STEP, "")  # "<rank>:<step>": that rank is killed after that step
+    if kill and _life() == 0 and [_rank(), _steps[0]] == [int(x) for x in kill.split(":")]:
+        emit("killed", steps=_steps[0])
+        os.kill(os.getpid(), signal.SIGKILL)
     for listener in _listeners["optimizer_step"]:
         listener()
 
@@ -488,5 +573,6 @@ def install(trace_dir: str) -> None:
     _patch_data_loading()
     _patch_models()
     _patch_print()
+    _patch_checkpoints()
     if os.environ.get(COUNT_WORK) == "1":
         _count_work()

@@ -478,3 +478,37 @@ def reduction_ops(buffers: dict[str, list[list[list[float]]]]) -> Figure:
     ax.set_title("dist.all_reduce(buffer, op=dist.ReduceOp.<op>): every rank ends with the same", fontsize=9)
     fig.tight_layout()
     return _finish(fig)
+
+
+def restart_timeline(runs: dict[str, list[dict[str, Any]]]) -> Figure:
+    """Each run of a fault-tolerant script as a timeline, one row per process and life: when it
+    trained, when rank 0's checkpoints were complete, where a process was killed and where the
+    restarted processes loaded the checkpoint.
+
+    `runs`: title -> processes, each {"life", "rank", "start", "end", "saves", "loads", "killed"}
+    (seconds since the run began; "killed" is None or a time)."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 1.05 * sum(len(p) for p in runs.values()) / 2),
+                             squeeze=False, sharex=True)
+    colours = plt.get_cmap("tab10")
+    for ax, (title, processes) in zip(axes[:, 0], runs.items()):
+        rows = sorted(processes, key=lambda p: (p["life"], p["rank"]))
+        for y, p in enumerate(rows):
+            ax.barh(y, p["end"] - p["start"], left=p["start"], height=0.5, color=colours(p["life"]), alpha=0.6)
+            for t in p["saves"]:
+                ax.plot([t, t], [y - 0.35, y + 0.35], color="black", linewidth=2)
+            for t in p["loads"]:
+                ax.plot(t, y, marker="o", color="tab:blue", markersize=7)
+            if p["killed"] is not None:
+                ax.plot(p["killed"], y, marker="X", color="red", markersize=12)
+        ax.set_yticks(range(len(rows)), [f"life {p['life']}, rank {p['rank']}" for p in rows])
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("seconds since the start")
+    handles = [Patch(color=colours(0), alpha=0.6, label="training (first life)"),
+               Patch(color=colours(1), alpha=0.6, label="after a restart"),
+               plt.Line2D([], [], color="black", linewidth=2, label="checkpoint complete"),
+               plt.Line2D([], [], color="tab:blue", marker="o", linestyle="", label="checkpoint loaded"),
+               plt.Line2D([], [], color="red", marker="X", linestyle="", markersize=10, label="killed (SIGKILL)")]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return _finish(fig)

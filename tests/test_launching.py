@@ -1,0 +1,111 @@
+"""Launching for real (part 3): the torchrun form of the lab, the kill test, a node that never
+arrives, two jobs on one port, the debugging variables, and torchrun's workers cleaned up.
+
+The checks' verdicts on the exercises, their mistakes and other styles are replayed from
+recordings in tests/test_checks_recorded.py; here the things that only a launch proves."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from autograde import launch
+from autograde.checker import api
+from autograde.notebook import launching
+from conftest import ROOT, assert_clean_error
+
+TORCHRUN_SCRIPT = ROOT / "solutions" / "fashion_mnist_torchrun.py"
+
+
+def test_the_kill_test_passes_on_the_solution() -> None:
+    """Made for real: rank 1 killed with SIGKILL in the middle of epoch 2 under torchrun
+    --max-restarts 3, and rank 0 killed halfway through a save. The restarted group goes on from
+    the last complete checkpoint and ends with an undisturbed run's weights; nothing is left."""
+    (checkpoint, resume) = api.check_steps(["checkpoint", "resume"], ROOT / "solutions" / "resume_training.py",
+                                           fresh=True, quiet=True)
+    assert checkpoint.passed is True, checkpoint.observed
+    assert resume.passed is True, resume.observed
+    assert "went on from epoch 2" in resume.observed and "identical" in resume.observed, resume.observed
+    assert not _running("resume_training.py")
+
+
+def _running(name: str) -> list[int]:
+    """Processes of this machine whose command line names `name` (the tests' own leftovers)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if name.encode() in cmdline.read_bytes() and int(cmdline.parent.name) != os.getpid():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_torchrun_script_refuses_to_run_without_torchrun() -> None:
+    assert "RANK" not in os.environ
+    result = launch.run_python(TORCHRUN_SCRIPT, "--epochs", "1", timeout=60)
+    assert_clean_error(result, "torchrun")
+
+
+def test_a_node_that_never_arrives_fails_in_one_line_at_its_timeout(stand_in: Path) -> None:
+    """Rank 0 of a group of 2 started alone, --timeout 3: one clear line after a few seconds, not a hang."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "localhost", "MASTER_PORT": str(launch.free_port())}
+    result = launch.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--widen-factor", "1", "--timeout", "3",
+                               timeout=60, env=env)
+    assert_clean_error(result, "1/2 clients joined")
+    assert result.seconds < 40
+
+
+def test_two_jobs_on_one_port_the_second_says_so(stand_in: Path) -> None:
+    port = launch.free_port()
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "localhost", "MASTER_PORT": str(port)}
+    first = launch.start([launch.PYTHON, TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "60"], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not launching.listening(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        second = launch.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "20", timeout=60, env=env)
+    finally:
+        first_result = launch.finish(first, 0.1)
+    assert_clean_error(second, "address already in use")
+    assert not first_result.leftover
+
+
+def test_torch_distributed_debug_detail_names_the_disagreeing_ranks() -> None:
+    said = launching.debug_variables()
+    assert "Detected mismatch between collectives" in said["TORCH_DISTRIBUTED_DEBUG=DETAIL"]
+    assert "TensorShape=[3]" in said["TORCH_DISTRIBUTED_DEBUG=DETAIL"]
+    assert "mismatch" not in said["no variable"]
+
+
+def test_a_launch_that_is_stopped_takes_torchruns_workers_with_it(tmp_path: Path) -> None:
+    """torchrun starts each worker in a session of its own, outside the launch's process group;
+    the launch's mark (launch.MARK) still finds them when the launch is stopped."""
+    program = tmp_path / "sleeper.py"
+    program.write_text("import os, time\nprint('worker', os.getpid(), flush=True)\ntime.sleep(300)\n")
+    proc = launch.start([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                         program], merge_stderr=True)
+    workers: list[int] = []
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while len(workers) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("worker"):
+            workers.append(int(line.split()[1]))
+    assert len(workers) == 2
+    assert all(os.getsid(w) != os.getsid(proc.pid) for w in workers), "torchrun's workers share the launch's session"
+    launch.kill_group(proc.pid)
+    proc.wait()
+    time.sleep(0.5)
+    alive = [w for w in workers if _alive(w)]
+    assert not alive, f"workers left running: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

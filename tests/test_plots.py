@@ -157,3 +157,27 @@ def test_ring_times_fits_latency_and_bandwidth() -> None:
                for n in (2, 3, 4)}
     title = plots.ring_times(seconds)._suptitle
     assert title is not None and "α = 50 µs" in title.get_text() and "B = 2.00 GB/s" in title.get_text(), title
+
+
+def test_restart_timeline_shows_each_life_its_checkpoints_and_the_kill() -> None:
+    """From the recorded runs of the checkpoint exercise's solution: the killed run has two lives
+    of 2 ranks, one red cross (rank 1, first life), and the restarted life loaded the checkpoint."""
+    from autograde.checker.runs import Workspace
+    from autograde.notebook import launching
+    from autograde.tools.record_runs import OUT
+
+    ws = Workspace.replay(OUT / "checkpoint_solution.json.gz")
+    try:
+        runs = ws.made()
+        killed = launching.timeline(runs["restart/killed"])
+        fig = plots.restart_timeline({"undisturbed": launching.timeline(runs["checkpoint/whole"]),
+                                      "rank 1 killed": killed})
+    finally:
+        ws.close()
+    assert sorted((p["life"], p["rank"]) for p in killed) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(p["life"], p["rank"]) for p in killed if p["killed"] is not None] == [(0, 1)]
+    assert all(p["loads"] for p in killed if p["life"] == 1)
+    assert [p for p in killed if p["life"] == 0 and p["rank"] == 0][0]["saves"], "epoch 1's checkpoint is not drawn"
+    crosses = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "X"]
+    assert len(crosses) == 1
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["undisturbed", "rank 1 killed"]

@@ -429,8 +429,7 @@ def sbatch_main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="fake_slurm_") as bin_dir:
         for name in ("srun", "scontrol"):
             stub(Path(bin_dir), name)
-        # the job runs in the environment it was submitted from, as sbatch's does: this Python's first
-        env["PATH"] = os.pathsep.join([bin_dir, str(Path(sys.executable).parent), env.get("PATH", "")])
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         env["FAKE_SLURM_DIR"] = bin_dir  # where srun counts the job's steps
         supervisor = Supervisor(kill_on_bad_exit=False)
         supervisor.start(["bash", str(args.script), *args.args], env)

@@ -109,3 +109,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_rank_slow_to_reach_its_barrier_has_not_gone_on() -> None:
+    """The checkpoint check's 'went on' is about what a rank did while rank 0 saved, not about when it
+    reached its barrier: a rank held up (a loaded machine) does nothing in that time either."""
+    from autograde.checks.launching import _went_on
+    from conftest import recorded_trace
+
+    # rank 0 saves from t=2 to t=4 (recorded_trace times the events 0, 1, 2, ...)
+    late = recorded_trace({"ev": "exit", "call": "all_reduce"}, {"ev": "print", "text": "x"},
+                          {"ev": "print", "text": "y"}, {"ev": "print", "text": "z"}, {"ev": "print", "text": "w"},
+                          {"ev": "enter", "call": "barrier"}, {"ev": "exit", "call": "barrier"})
+    assert _went_on(late, 2, 4) is None
+    gone = recorded_trace({"ev": "exit", "call": "all_reduce"}, {"ev": "set_epoch"}, {"ev": "set_epoch"},
+                          {"ev": "sampler_iter", "epoch": 2}, {"ev": "loader_iter"})
+    went = _went_on(gone, 2, 4)
+    assert went is not None and went["ev"] == "sampler_iter"
+    leaving = recorded_trace({"ev": "print"}, {"ev": "print"}, {"ev": "print"},
+                             {"ev": "enter", "call": "destroy_process_group"})
+    assert _went_on(leaving, 2, 4) is not None

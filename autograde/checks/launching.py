@@ -260,9 +260,9 @@ def undisturbed(ws: Workspace) -> tuple[Run, str, dict[int, Event], float]:
 
 def check_checkpoint(ws: Workspace) -> str:
     """Under torchrun with 2 processes and 3 epochs, undisturbed: rank 0 alone writes the checkpoint
-    file, once per epoch, while the other rank waits in a collective (each save is slowed down by a
-    second, so that a rank that goes on is seen doing so); no rank reads the file while it is
-    being written."""
+    file, once per epoch, while the other rank does nothing but wait: no next epoch's sampler or
+    loader, no leaving the group (each save is slowed down by a second, so that a rank that goes on
+    is seen doing so); no rank reads the file while it is being written."""
     whole = checkpoint_run(ws, "whole", {SLOW_SAVE: str(SLOW_SECONDS)}, restarts=0)
     checkpoint = checkpoint_path(whole)
     name = Path(checkpoint).name

@@ -49,8 +49,7 @@ def test_the_torchrun_script_refuses_to_run_without_torchrun() -> None:
 
 def test_a_node_that_never_arrives_fails_in_one_line_at_its_timeout(stand_in: Path) -> None:
     """Rank 0 of a group of 2 started alone, --timeout 3: one clear line after a few seconds, not a hang."""
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "localhost", "MASTER_PORT": str(launch.free_port())}
+    env = launching.as_rank(0, 2, launch.free_port())
     result = launch.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--widen-factor", "1", "--timeout", "3",
                                timeout=60, env=env)
     assert_clean_error(result, "1/2 clients joined")
@@ -59,8 +58,7 @@ def test_a_node_that_never_arrives_fails_in_one_line_at_its_timeout(stand_in: Pa
 
 def test_two_jobs_on_one_port_the_second_says_so(stand_in: Path) -> None:
     port = launch.free_port()
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "localhost", "MASTER_PORT": str(port)}
+    env = launching.as_rank(0, 2, port)
     first = launch.start([launch.PYTHON, TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "60"], env=env)
     try:
         deadline = time.monotonic() + 60

@@ -72,10 +72,11 @@ def check_torchrun(ws: Workspace) -> str:
                 f"(nprocs={spawned[0]['nprocs'] if spawned else '?'}): each of torchrun's processes started more",
                 "torchrun has started every process already: call worker() once, with int(os.environ['LOCAL_RANK']), "
                 "and no mp.spawn")
+        by_hand = f"run it yourself: {' '.join(run.argv)} (in a terminal, from the course folder)"
         joined = _joined(run)
         ranks = [(e.get("rank_joined"), e.get("world_size")) for _, e in joined]
         if sorted(ranks) != [(0, 2), (1, 2)]:  # a group that never formed: the run's own failure says why
-            run_ok(run, f"run it yourself: {' '.join(run.argv)} (in a terminal, from the course folder)")
+            run_ok(run, by_hand)
         require(sorted(ranks) == [(0, 2), (1, 2)], f"under {how}, the processes joined as "
                 f"{', '.join(f'rank {r} of {w}' for r, w in ranks) or 'nothing'}, not as ranks 0 and 1 of 2",
                 "take the rank from os.environ['RANK'] and the world size from os.environ['WORLD_SIZE'] "
@@ -90,7 +91,7 @@ def check_torchrun(ws: Workspace) -> str:
                     f"given {', '.join(f'num_replicas={n}, rank={r}' for n, r in sorted(shards, key=str)) or 'nothing'}: "
                     "it did not train on a shard of its own", "the sampler's rank is the global rank and its "
                     "num_replicas the world size, both from the environment (RANK, WORLD_SIZE)")
-        run_ok(run, f"run it yourself: {' '.join(run.argv)} (in a terminal, from the course folder)")
+        run_ok(run, by_hand)
         fingerprints = {e["sha1"] for t, _ in joined for e in t.named("parameters") if e.get("when") == "end"}
         trained = all(t.named("first_optimizer_step") and t.named("ddp") for t, _ in joined)
         require(trained and len(fingerprints) == 1, f"under {how}, the 2 processes "
@@ -122,7 +123,6 @@ class _Write:
     rank: int | None
     start: float
     done: float
-    life: int
 
 
 def life_of(trace: ProcessTrace) -> int | None:
@@ -144,7 +144,7 @@ def writes(run: Run, checkpoint: str) -> list[_Write]:
             elif (e["ev"] == "save_exit" and e.get("path") == checkpoint) or \
                     (e["ev"] == "moved" and e.get("dst") == checkpoint):
                 written = checkpoint if e["ev"] == "save_exit" else str(e.get("src"))
-                found.append(_Write(trace.rank, saves[written] if written in saves else e["t"], e["t"], life_of(trace) or 0))
+                found.append(_Write(trace.rank, saves[written] if written in saves else e["t"], e["t"]))
     return sorted(found, key=lambda w: w.done)
 
 
@@ -191,7 +191,7 @@ def _final(run: Run) -> dict[int, Event]:
     for trace in sorted(run.traces.values(), key=lambda t: life_of(t) or 0):
         for e in trace.named("parameters"):
             if e.get("when") == "end" and trace.rank is not None:
-                ends[trace.rank] = {**e, "life": life_of(trace)}
+                ends[trace.rank] = e  # a later life's replaces an earlier one's
     return ends
 
 
@@ -247,9 +247,14 @@ def _compare(run: Run, whole: dict[int, Event], what: str) -> str:
     return f"within {worst:.0e}"
 
 
+def _whole(ws: Workspace) -> Run:
+    """The undisturbed run, each save slowed down by SLOW_SECONDS."""
+    return checkpoint_run(ws, "whole", {SLOW_SAVE: str(SLOW_SECONDS)}, restarts=0)
+
+
 def undisturbed(ws: Workspace) -> tuple[Run, str, dict[int, Event], float]:
     """The undisturbed run, its checkpoint file, each rank's final weights and the optimizer steps per epoch."""
-    whole = checkpoint_run(ws, "whole", {SLOW_SAVE: str(SLOW_SECONDS)}, restarts=0)
+    whole = _whole(ws)
     run_ok(whole, "run it yourself: torchrun --standalone --nproc-per-node 2 exercises/resume_training.py "
            "--epochs 3 (delete checkpoint.pt first)")
     ends = _final(whole)
@@ -263,7 +268,7 @@ def check_checkpoint(ws: Workspace) -> str:
     file, once per epoch, while the other rank does nothing but wait: no next epoch's sampler or
     loader, no leaving the group (each save is slowed down by a second, so that a rank that goes on
     is seen doing so); no rank reads the file while it is being written."""
-    whole = checkpoint_run(ws, "whole", {SLOW_SAVE: str(SLOW_SECONDS)}, restarts=0)
+    whole = _whole(ws)
     checkpoint = checkpoint_path(whole)
     name = Path(checkpoint).name
     shared = _shared(whole, checkpoint)  # judged before the run's outcome: the mistake often crashes it

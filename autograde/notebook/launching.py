@@ -131,7 +131,7 @@ def join_program() -> Path:
     return path
 
 
-def _as_rank(rank: int, world_size: int, port: int) -> dict[str, str]:
+def as_rank(rank: int, world_size: int, port: int) -> dict[str, str]:
     """The environment torchrun would give one process, for starting it by hand."""
     return {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": "localhost", "MASTER_PORT": str(port)}
@@ -141,7 +141,7 @@ def lonely_node(timeout: float = 10) -> str:
     """Rank 0 of a group of 2, started alone (its partner's node never comes), giving up after
     `timeout` seconds: what it says, and after how long."""
     result = launch.run([launch.PYTHON, join_program(), str(timeout)], timeout=timeout + 60,
-                        env=_as_rank(0, 2, launch.free_port()))
+                        env=as_rank(0, 2, launch.free_port()))
     line = launch_last_line(result)
     print(f"rank 0 alone, timeout {timeout:g} s: exit status {result.returncode} after {result.seconds:.0f} s\n{line}")
     return line
@@ -150,12 +150,12 @@ def lonely_node(timeout: float = 10) -> str:
 def same_port() -> str:
     """Two jobs given one MASTER_PORT: the second's rank 0 cannot listen there. What it says."""
     port, program = launch.free_port(), join_program()
-    first = launch.start([launch.PYTHON, program, "60"], env=_as_rank(0, 2, port))
+    first = launch.start([launch.PYTHON, program, "60"], env=as_rank(0, 2, port))
     try:
         deadline = time.monotonic() + 60
         while not listening(port) and time.monotonic() < deadline:  # the first job's rank 0 holds the port
             time.sleep(0.2)
-        second = launch.run([launch.PYTHON, program, "20"], timeout=80, env=_as_rank(0, 2, port))
+        second = launch.run([launch.PYTHON, program, "20"], timeout=80, env=as_rank(0, 2, port))
     finally:
         launch.finish(first, 0.1)
     line = launch_last_line(second)

@@ -64,6 +64,7 @@ def ddp_worker(rank, args, result_file):
     if rank == 0:
         torch.save(model.module.state_dict(), result_file)
     del model  # free DDP before its process group: one that outlives the group can abort the process at exit
+    dist.barrier()  # leave together: a rank that tears down gloo while the other still talks to it can abort
     dist.destroy_process_group()
 
 

@@ -61,6 +61,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "load_enter": ("path", "map_location"),
     "load_exit": ("path",),
     "moved": ("src", "dst"),
+    # with DDP_LAB_TRACE_STEPS=1, after each optimizer step: its number (1, 2, ...), each parameter
+    # group's learning rate, and the images the DDP model was given in training mode since the last
+    "step": ("n", "lrs", "images"),
     # a fault the checker injected: the process kills itself (after `steps` steps, or halfway through writing `path`)
     "killed": ("steps", "path"),
 }
@@ -179,6 +182,30 @@ class CollectivesReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CollectivesReport:
         return cls(data["world_size"], data["rank"], data.get("buffers", {}), data.get("predictions"), data.get("error"))
+
+
+@dataclass
+class Call:
+    """One call of a learner's plain function: what it returned (as JSON), or the error it raised."""
+
+    function: str
+    args: list[Any]
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass
+class CallsReport:
+    """What the learner's plain functions gave for the checker's arguments (functions.py `calls`)."""
+
+    world_size: int
+    rank: int
+    calls: list[Call] = field(default_factory=list)
+    error: str | None = None     # the error importing the file raised, if it did
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CallsReport:
+        return cls(data["world_size"], data["rank"], [Call(**c) for c in data.get("calls", [])], data.get("error"))
 
 
 Event = dict[str, Any]

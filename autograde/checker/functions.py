@@ -7,6 +7,8 @@ real process group, for the checks that judge a function rather than a whole pro
         --world-sizes 1 2 3 4 --out DIR [--sizes 12 10 13] [--seeds 0 5] [--epochs 3]
     python -m autograde.checker.functions collectives [--script exercises/predict_collectives.py] \\
         --world-sizes 4 --out DIR
+    python -m autograde.checker.functions calls --script exercises/scaling_model.py --out DIR \\
+        --calls '[["speedup", [{"1": 20.0, "2": 12.5}]], ["predict_time", [[60, 3, 1.5], 16]]]'
 
 For each world size in turn, a process group of that many processes is started (forked from
 this one, which has imported torch already: a launch costs one import of torch, not one per
@@ -23,6 +25,11 @@ its seed, gives ranks that disagree.
 `collectives`: every rank makes each call of SCENARIOS (and all_reduce with each reduction) for
 real and records its buffer before and after; with --script, it also reads the file's
 PREDICTIONS (data only: no call of the learner's runs).
+
+`calls`: no process group. This process imports the file and calls each named plain function
+with the JSON arguments given (an object whose keys are all whole numbers becomes a dict with
+int keys: {N: seconds}), in order, and writes what each returned, or the error it raised, as a
+`CallsReport` in `DIR/1-0.json`.
 
 Rank r of N processes writes what it found to `DIR/N-r.json` (a `RingReport`, a
 `SamplerReport` or a `CollectivesReport`).
@@ -45,7 +52,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from autograde.checker.formats import CollectivesReport, RingCase, RingReport, SamplerCase, SamplerReport
+from autograde.checker.formats import (Call, CallsReport, CollectivesReport, RingCase, RingReport, SamplerCase,
+                                       SamplerReport)
 from autograde.checker.harness import short_error
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
@@ -219,6 +227,45 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, type(None))) else repr(value)
 
 
+def _json_value(value: Any) -> Any:
+    """What a learner's function returned, as JSON: numbers (numpy and 0-d tensors too), lists
+    (tuples, arrays, tensors), dicts with string keys; anything else as its repr."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k.item() if hasattr(k, "item") else k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+
+
+def _argument(value: Any) -> Any:
+    """A JSON argument as the learner's function gets it: {"1": 2.0} -> {1: 2.0}."""
+    if isinstance(value, dict):
+        whole = all(isinstance(k, str) and k.lstrip("-").isdigit() for k in value)
+        return {(int(k) if whole else k): _argument(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_argument(v) for v in value]
+    return value
+
+
+def _calls(options: argparse.Namespace) -> None:
+    report = CallsReport(1, 0)
+    try:
+        module = _learner_module(options.script)
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+    else:
+        for name, args in json.loads(options.calls):
+            call = Call(name, args)
+            try:
+                call.value = _json_value(getattr(module, name)(*_argument(args)))
+            except BaseException as err:  # one wrong function: the others are still judged
+                call.error = short_error(err, options.script)
+            report.calls.append(call)
+    Path(options.out, "1-0.json").write_text(json.dumps(asdict(report)))
+
+
 def read_reports(folder: Path) -> list[dict[str, Any]]:
     """What every rank wrote in `folder` (as JSON: a RingReport, SamplerReport or CollectivesReport)."""
     return [json.loads(path.read_text()) for path in sorted(Path(folder).glob("*-*.json"))]
@@ -250,9 +297,10 @@ def _process(rank: int, options: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m autograde.checker.functions")
-    parser.add_argument("task", choices=["ring", "sampler", "collectives"])
+    parser.add_argument("task", choices=["ring", "sampler", "collectives", "calls"])
     parser.add_argument("--script", default="", help="the learner's file (collectives: optional, for its PREDICTIONS)")
-    parser.add_argument("--world-sizes", type=int, nargs="+", required=True)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1])
+    parser.add_argument("--calls", default="[]", help="calls: a JSON list of [function name, [arguments]]")
     parser.add_argument("--out", required=True)
     parser.add_argument("--sizes", type=int, nargs="+", default=[12, 1001])
     parser.add_argument("--ops", nargs="+", default=["sum", "max"], choices=["sum", "max"])
@@ -261,6 +309,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="sampler: the epochs to try")
     options = parser.parse_args()
     options.script = os.path.abspath(options.script) if options.script else ""
+    if options.task == "calls":
+        _calls(options)
+        return
     import torch.multiprocessing as mp
 
     from autograde import launch

@@ -42,6 +42,10 @@ COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch 
 KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
 TEAR_SAVE = "DDP_LAB_TEAR_SAVE"  # "<rank>:<n>": that rank's n-th torch.save writes half the file, then SIGKILL
 SLOW_SAVE = "DDP_LAB_SLOW_SAVE"  # seconds every torch.save waits before writing: a window in which to be caught
+# Step by step (autograde/checks/scaling.py): a "step" event per optimizer step (its time, learning
+# rates and the images the model was given for it), and a run that ends itself after a number of steps.
+TRACE_STEPS = "DDP_LAB_TRACE_STEPS"  # set to 1
+STOP_AT_STEP = "DDP_LAB_STOP_AT_STEP"  # "<n>": after its n-th optimizer step, record the parameters and exit 0
 DOWNLOAD_SECONDS = 1.0
 
 COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -431,18 +435,31 @@ def _patch_data_loading() -> None:
 
     def optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_optimizer_init(self, *args, **kwargs)
-        self.register_step_post_hook(lambda *_: _count_step())
+        self.register_step_post_hook(lambda optimizer, *_: _count_step(optimizer))
 
     torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
 
 
 _steps = [0]
+_images = [0]  # images given to the DDP model in training mode since the last optimizer step
 
 
-def _count_step() -> None:
+def _count_images(module: Any, args: Any) -> None:
+    if module.training and args and hasattr(args[0], "shape") and len(args[0].shape) > 0:
+        _images[0] += int(args[0].shape[0])
+
+
+def _count_step(optimizer: Any) -> None:
     _steps[0] += 1
     if _steps[0] == 1:
         emit("first_optimizer_step")
+    if os.environ.get(TRACE_STEPS) == "1":
+        emit("step", n=_steps[0], lrs=[float(g["lr"]) for g in optimizer.param_groups], images=_images[0])
+        _images[0] = 0
+    if os.environ.get(STOP_AT_STEP) and _steps[0] == int(os.environ[STOP_AT_STEP]):
+        record_parameters("stopped")
+        sys.stdout.flush()
+        os._exit(0)  # every rank stops after the same step, with no collective left open
     kill = os.environ.get(KILL_AT_STEP, "")  # "<rank>:<step>": that rank is killed after that step
     if kill and _life() == 0 and [_rank(), _steps[0]] == [int(x) for x in kill.split(":")]:
         emit("killed", steps=_steps[0])
@@ -481,6 +498,8 @@ def _patch_models() -> None:
              sync_batchnorms=sum(isinstance(m, nn.SyncBatchNorm) for m in module.modules()))
         original_init(self, module, *args, **kwargs)
         _ddp.append(weakref.ref(self))
+        if os.environ.get(TRACE_STEPS) == "1":
+            self.register_forward_pre_hook(_count_images)
         module.register_forward_hook(_capture_logits)
 
     DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]

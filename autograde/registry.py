@@ -15,14 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import lab, launching, talk
+from autograde.checks import lab, launching, scaling, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
 
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
-RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart")
+RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
+        "scaling", "warmup", "lr", "speed")
 
 
 def family(run_key: str) -> str:
@@ -110,6 +111,22 @@ ITEMS += [
     Item("resume", "resume after a worker is killed", 2, LAUNCH, "15_fault_tolerance", "exercises/resume_training.py",
          "solutions/resume_training.py", ("checkpoint", "restart"), launching.check_resume, todo="resume"),
 ]
+SCALE = "scaling"  # the part "scaling": measure it, model it, find where the time goes, large batches
+ITEMS += [
+    Item("scaling", "speedup, efficiency and a fitted T(N)", 2, SCALE, "17_scaling_study", "exercises/scaling_model.py",
+         "solutions/scaling_model.py", ("scaling",), scaling.check_scaling, todo="scaling"),
+    # nbgrader has no "not applicable": a GPU-only item graded on a CPU would give a free point or a
+    # zero. It is judged (n/a without 2 GPUs) and reported, but worth no points, like the Optional step.
+    Item("speedup", "a speedup of 1.6 or more on 2 GPUs", 0, SCALE, "18_where_time_goes",
+         "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("speed",), scaling.check_speedup,
+         needs_gpu=True, todo="speedup"),
+    Item("warmup", "a warm-up to the linearly scaled learning rate", 2, SCALE, "19_large_batches",
+         "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("warmup",), scaling.check_warmup,
+         todo="warmup"),
+    Item("lr_scaling", "the scaled rate in every optimizer step", 2, SCALE, "19_large_batches",
+         "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("lr",), scaling.check_lr_scaling,
+         todo="lr_scaling"),
+]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
 BY_ID = {item.id: item for item in ITEMS}
@@ -145,6 +162,8 @@ PARTS = [
          "1[4-6]_*.ipynb", "1[4-5]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
                                          "solutions/slurm/srun_one_task_per_gpu.sbatch",
                                          "solutions/slurm/srun_torchrun_per_node.sbatch")),
+    Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
+         "1[7-9]_*.ipynb", "1[79]_*", ("solutions/speed_fixes.py",)),
 ]
 PART = {part.id: part for part in PARTS}
 

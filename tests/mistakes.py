@@ -240,4 +240,42 @@ EXERCISE_MISTAKES = [
             "began again at epoch 1"),
     Mistake("resume_without_optimizer", "resume", (('    optimizer.load_state_dict(checkpoint["optimizer"])\n', ""),),
             "differ from an undisturbed run's"),
+    # scaling_model.py
+    Mistake("speedup_inverted", "scaling", (("    return {n: times[1] / t for n, t in times.items()}\n",
+                                             "    return {n: t / times[1] for n, t in times.items()}\n"),),
+            "speedup({1: 66, 2: 34"),
+    Mistake("efficiency_not_divided", "scaling", (("    return {n: s / n for n, s in speedup(times).items()}\n",
+                                                   "    return dict(speedup(times))\n"),), "efficiency({1: 66"),
+    Mistake("epoch_time_with_first_epoch", "scaling", (("    later = times[1:] or times\n", "    later = times\n"),),
+            "the mean without the first epoch is 5.1"),
+    Mistake("fit_comm_as_ring_volume", "scaling", (("[[1 / n, 1.0, n - 1.0] for n in ns]", "[[1 / n, 1.0, (n - 1.0) / n] for n in ns]"),),
+            "the least-squares fit is"),
+    Mistake("predict_comm_times_n", "scaling", (("    return t_par / n + t_seq + t_comm * (n - 1)\n",
+                                                 "    return t_par / n + t_seq + t_comm * n\n"),), "predict_time(("),
+    # large_batch_training.py: the schedule
+    Mistake("warmup_not_scaled", "warmup", (("    target = base_lr * world_size\n", "    target = base_lr\n"),),
+            "after the warm-up the rate is 2 x 0.1 = 0.2", also_fails=(("lr_scaling", "after the warm-up"),)),
+    Mistake("warmup_square_root_scaling", "warmup", (("    target = base_lr * world_size\n",
+                                                      "    target = base_lr * world_size ** 0.5\n"),),
+            "after the warm-up the rate is", also_fails=(("lr_scaling", "after the warm-up"),)),
+    Mistake("warmup_a_step_not_a_ramp", "warmup", (("    return base_lr + (target - base_lr) * step / warmup_steps\n",
+                                                    "    return base_lr\n"),),
+            "does not reach", also_fails=(("lr_scaling", "does not reach"),)),
+    Mistake("warmup_twice_as_long", "warmup", (("(target - base_lr) * step / warmup_steps\n",
+                                                "(target - base_lr) * step / (2 * warmup_steps)\n"),),
+            "does not reach", also_fails=(("lr_scaling", "does not reach"),)),
+    # large_batch_training.py: the script
+    Mistake("lr_scaling_world_size_one", "lr_scaling", (("warmup_lr(step, args.base_lr, args.world_size, warmup_steps)",
+                                                         "warmup_lr(step, args.base_lr, 1, warmup_steps)"),),
+            "after the warm-up the rate is 2 x 0.05 = 0.1"),
+    Mistake("lr_scaling_warmup_in_epochs", "lr_scaling", (("round(args.warmup_epochs * len(train_loader))",
+                                                           "round(args.warmup_epochs)"),),
+            "not a straight line"),
+    Mistake("lr_scaling_set_after_the_step", "lr_scaling", (
+        ("        for group in optimizer.param_groups:  # this step's learning rate\n"
+         "            group[\"lr\"] = lr_at(step)\n", ""),
+        ("        optimizer.step()\n        num_images += len(labels)\n",
+         "        optimizer.step()\n        for group in optimizer.param_groups:\n"
+         "            group[\"lr\"] = lr_at(step)\n        num_images += len(labels)\n")),
+            "step 5 had"),
 ]

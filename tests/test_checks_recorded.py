@@ -88,7 +88,7 @@ STYLES = styles()
 
 def test_every_exercise_has_correct_files_in_other_styles() -> None:
     exercises = {i.id for i in registry.ITEMS if i.part != registry.LAB and i.graded}
-    assert exercises <= {item for _, item in STYLES.values()}
+    assert exercises <= {judged for _, item in STYLES.values() for judged in same_file(item)}  # all of the file's
 
 
 @pytest.mark.parametrize("name", list(STYLES))
@@ -97,7 +97,8 @@ def test_a_correct_exercise_in_another_style_passes(name: str) -> None:
     safe order, batch_isend_irecv, a returned tensor, a ring turning the other way, helpers."""
     text, item = STYLES[name]
     verdicts = replay(name, text, same_file(item))  # every item of the file: resume_training.py has two
-    wrong = [f"{step}: {v.observed}" for step, v in verdicts.items() if v.passed is not True]
+    wrong = [f"{step}: {v.observed}" for step, v in verdicts.items()
+             if v.passed is not True and not (registry.item(step).needs_gpu and v.passed is None)]
     assert not wrong, f"{name}: {wrong}"
 
 

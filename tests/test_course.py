@@ -190,10 +190,12 @@ def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
     assert "1 grade cells restored with their hidden tests" in log.summary()
 
 
-@pytest.mark.parametrize("part_id", [registry.TALK, registry.LAUNCH])
+@pytest.mark.parametrize("part_id", [p.id for p in registry.PARTS if p.id != registry.LAB])
 def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) -> None:
-    """`make release PART=processes_talk` (or launching) hands out that part's notebooks and files
-    (not the lab's), and `make grade PART=...` gives solved exercises their points."""
+    """`make release PART=processes_talk` (or another later part) hands out that part's notebooks and
+    files (not the lab's), and `make grade PART=...` gives solved exercises their points. Grading
+    runs the graded notebooks top to bottom: no cell of them may raise (tests/test_notebooks.py
+    leaves them to this test)."""
     part = registry.PART[part_id]
     make("release", tmp_path, 300, f"PART={part.id}")
     released = tmp_path / "release" / part.id
@@ -209,3 +211,10 @@ def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) 
     make("grade", tmp_path, 1200, f"PART={part.id}")
     assert course.grades(tmp_path / "grades.csv", part.id) == {
         "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}
+    executed = sorted((tmp_path / "autograded" / "solved" / part.id).glob("*.ipynb"))
+    assert [nb.stem for nb in executed] == sorted(part.graded_notebooks)
+    for notebook in executed:
+        code = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+        assert all(c.get("execution_count") for c in code), f"{notebook.name}: not every cell ran"
+        errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{notebook.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"

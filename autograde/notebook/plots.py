@@ -512,3 +512,123 @@ def restart_timeline(runs: dict[str, list[dict[str, Any]]]) -> Figure:
     fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return _finish(fig)
+
+
+def time_model(seconds: dict[int, float], params: Sequence[float], predict_at: int = 16,
+               what: str = "epoch time") -> Figure:
+    """Left: measured times against N with the fitted T(N) = t_par/N + t_seq + t_comm (N - 1),
+    drawn on to N = predict_at, and the ideal T(1)/N. Right: speedup and efficiency, measured
+    and as the model predicts them, against the ideal."""
+    processes = sorted(seconds)
+    t_par, t_seq, t_comm = params
+    model = lambda n: t_par / n + t_seq + t_comm * (n - 1)  # noqa: E731
+    ns = list(range(1, predict_at + 1))
+    fig, (ax_time, ax_speedup) = plt.subplots(1, 2, figsize=(12, 3.8))
+    ax_time.plot(processes, [seconds[n] for n in processes], "o", label=f"measured {what}")
+    ax_time.plot(ns, [model(n) for n in ns], "-",
+                 label=f"fit: {t_par:.2f}/N + {t_seq:.2f} + {t_comm:.3f}(N-1)")
+    ax_time.plot(ns, [seconds[1] / n for n in ns], "--", color="grey", label="ideal: T(1) / N")
+    ax_time.plot([predict_at], [model(predict_at)], "s", color="C3", label=f"predicted T({predict_at}) = "
+                 f"{model(predict_at):.2f} s")
+    _scaling_axes(ax_time, ns[:: max(1, predict_at // 8)], "seconds")
+    ax_time.set_ylim(bottom=0)
+    ax_time.set_title(f"{what} against the number of processes")
+    ax_time.legend(loc="best", fontsize=8)
+    ax_speedup.plot(ns, ns, "--", color="grey", label="ideal speedup: N")
+    ax_speedup.plot(processes, [seconds[1] / seconds[n] for n in processes], "o", color="C0",
+                    label="measured speedup")
+    ax_speedup.plot(ns, [model(1) / model(n) for n in ns], "-", color="C0", alpha=0.6, label="model's speedup")
+    ax_efficiency = ax_speedup.twinx()
+    ax_efficiency.plot(processes, [seconds[1] / seconds[n] / n for n in processes], "o", color="C1",
+                       label="measured efficiency")
+    ax_efficiency.plot(ns, [model(1) / model(n) / n for n in ns], "-", color="C1", alpha=0.6,
+                       label="model's efficiency")
+    ax_efficiency.set_ylim(0, 1.1)
+    ax_efficiency.set_ylabel("efficiency S(N) / N", color="C1")
+    _scaling_axes(ax_speedup, ns[:: max(1, predict_at // 8)], "speedup S(N)")
+    ax_speedup.set_ylim(bottom=0)
+    ax_speedup.set_title("speedup and efficiency")
+    lines = ax_speedup.get_legend_handles_labels()
+    more = ax_efficiency.get_legend_handles_labels()
+    ax_speedup.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def time_split(phases: dict[str, float], title: str = "one training step") -> Figure:
+    """Where a step's time goes: one bar cut into the phases (seconds per step), and below it the
+    all-reduce's own time, which runs inside (and, with DDP's buckets, under) the backward pass."""
+    order = [p for p in phases if p != "all-reduce"]
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    left = 0.0
+    for k, name in enumerate(order):
+        width = phases[name] * 1000
+        ax.barh(1, width, left=left, color=RANK_COLOURS[k], edgecolor="black", label=name)
+        if width > 0.06 * sum(phases[p] * 1000 for p in order):
+            ax.text(left + width / 2, 1, f"{width:.0f} ms", ha="center", va="center", fontsize=8)
+        left += width
+    if "all-reduce" in phases:
+        backward = [k for k, p in enumerate(order) if p.startswith("backward")]
+        end = sum(phases[p] for p in order[:backward[0] + 1]) * 1000 if backward else left
+        ax.barh(0, phases["all-reduce"] * 1000, left=end - phases["all-reduce"] * 1000, color="white",
+                edgecolor="black", hatch="///", label=f"all-reduce ({phases['all-reduce'] * 1000:.0f} ms, inside backward)")
+    ax.set_yticks([0, 1], ["communication", "step"])
+    ax.set_xlabel("milliseconds per step")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, fontsize=8)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def fix_speedups(names: list[str], rates: list[float | None], notes: list[str] | None = None) -> Figure:
+    """Images per second of each setting against the first (the baseline); a setting not run
+    (rate None) shows its note instead of a bar."""
+    base = rates[0] or 1.0
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1))
+    for k, (name, rate) in enumerate(zip(names, rates)):
+        if rate is None:
+            ax.text(0.02, k, notes[k] if notes else "not run", va="center", fontsize=8, color="grey")
+            continue
+        ax.barh(k, rate / base, color="C2" if rate >= base else "C3")
+        ax.text(rate / base, k, f" {rate / base:.2f}x", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("images / second, relative to the baseline")
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def large_batch(logs: dict[str, list[dict[str, Any]]]) -> Figure:
+    """Validation accuracy of each run by epoch (left) and by optimizer step (right): a larger
+    global batch takes fewer steps per epoch, so at the same epoch it has taken fewer steps."""
+    fig, (ax_epoch, ax_step) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for name, records in logs.items():
+        epochs = [r["epoch"] for r in records]
+        ax_epoch.plot(epochs, [r["val_accuracy"] for r in records], "o-", label=name)
+        ax_step.plot([r["steps"] for r in records], [r["val_accuracy"] for r in records], "o-", label=name)
+    ax_epoch.set_xlabel("epoch")
+    ax_step.set_xlabel("optimizer steps")
+    for ax in (ax_epoch, ax_step):
+        ax.set_ylabel("validation accuracy")
+        ax.grid(alpha=0.3)
+    ax_epoch.set_title("by epoch")
+    ax_step.set_title("by step")
+    ax_epoch.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def lr_schedules(rates: dict[str, list[float]], warmup_steps: int) -> Figure:
+    """Learning rate against optimizer step, one line per setting; the warm-up's end dotted."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for name, values in rates.items():
+        ax.plot(range(len(values)), values, ".-", label=name)
+    ax.axvline(warmup_steps, linestyle=":", color="black", label=f"end of the warm-up (step {warmup_steps})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return _finish(fig)

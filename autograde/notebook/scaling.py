@@ -1,0 +1,202 @@
+"""What the notebooks of the part "scaling" call: the scaling study (runs that write JSON-lines
+logs, read back, never parsed from printed lines), the profiler and the fixes of
+solutions/speed_fixes.py side by side, and the large-batch runs. Every launch goes through
+lab.run (a time limit, nothing left running afterwards)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from autograde.checker import api, speed
+from autograde.checker.runs import Workspace
+from autograde.checks import scaling as checks
+from autograde.notebook import lab, launching
+
+STUDY_SCRIPT = "exercises/large_batch_training.py"  # your copy: its TODOs only change --scale-lr
+FINISHED = "solutions/large_batch_training.py"
+GLOBAL_BATCH = 96   # strong scaling: divides by 1, 2, 3, 4 and 6 processes
+PER_PROCESS = 32    # weak scaling
+BASE_LR = 0.05      # the large-batch runs' rate for one process
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines log, one per epoch."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def processes_to_try() -> list[int]:
+    """1 .. N: one per GPU; on a CPU up to 4 (3 in quick mode, where 1 and 2 alone fit no model)."""
+    most = lab.machine().max_processes
+    return list(range(1, max(3, min(most, 3 if lab.QUICK else 4)) + 1))
+
+
+def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCRIPT,
+          folder: str | Path | None = None, epochs: int | None = None) -> dict[int, Path]:
+    """One run per number of processes, each writing its log: `kind` "strong" keeps the global
+    batch at GLOBAL_BATCH (each of N processes takes GLOBAL_BATCH / N), "weak" keeps PER_PROCESS
+    per process. Returns {N: log file}."""
+    if kind not in ("strong", "weak"):
+        raise ValueError('kind is "strong" or "weak"')
+    out = Path(folder or tempfile.mkdtemp(prefix=f"ddp-lab-{kind}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    logs = {}
+    for n in processes or processes_to_try():
+        batch = GLOBAL_BATCH // n if kind == "strong" else PER_PROCESS
+        logs[n] = out / f"{kind}-{n}.jsonl"
+        logs[n].unlink(missing_ok=True)
+        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 3), target_accuracy=0, batch_size=batch)
+        print(f"--- {kind} scaling, {n} process(es), batch {batch} per process ---")
+        launching.torchrun(script, *args, "--log-file", str(logs[n]), nproc=n)
+    return logs
+
+
+def step_times(logs: dict[int, Path]) -> dict[int, float]:
+    """Seconds per optimizer step, from the epochs after the first (weak scaling's yardstick: with
+    the batch per process fixed, an ideal step takes as long with N processes as with one)."""
+    found = {}
+    for n, path in logs.items():
+        records = read_log(path)
+        if len(records) > 1:
+            found[n] = sum(r["epoch_time"] for r in records[1:]) / (records[-1]["steps"] - records[0]["steps"])
+        else:
+            found[n] = records[0]["epoch_time"] / records[0]["steps"]
+    return found
+
+
+def fit(times: dict[int, float]) -> tuple[float, float, float]:
+    """(t_par, t_seq, t_comm) of T(N) = t_par/N + t_seq + t_comm (N - 1), least squares: the
+    checker's own fit, the one your fit_time_model is compared with."""
+    return checks.time_model(times)
+
+
+def predict(params: tuple[float, float, float], n: int) -> float:
+    return checks.model_time(params, n)
+
+
+# Where the time goes -------------------------------------------------------------------------
+
+SPEED_SCRIPT = "solutions/speed_fixes.py"
+# Each fix against its baseline (the options it adds), and whether a CPU run says anything about it.
+FIXES: list[tuple[str, list[str], str]] = [
+    ("baseline (DataLoader, no workers)", [], ""),
+    ("2 loader workers, pinned, persistent", ["--workers", "2", "--pin-memory", "--persistent-workers"],
+     "on a CPU the workers take cores from training: expect no gain"),
+    ("data preloaded as tensors", ["--preload"], ""),
+    ("DDP buckets of 1 MB", ["--bucket-cap-mb", "1"], "more, smaller all-reduces"),
+    ("gradient_as_bucket_view", ["--grad-as-bucket-view"], "saves a copy of the gradients: tiny on a small model"),
+    ("accumulate 4, all-reduce each", ["--accumulate", "4"], "4 micro-batches per optimizer step"),
+    ("accumulate 4 with no_sync", ["--accumulate", "4", "--no-sync"], "one all-reduce per 4 micro-batches"),
+    ("bf16 autocast + channels_last", ["--bf16", "--channels-last"], "GPUs only: tensor cores"),
+]
+GPU_ONLY = {"--bf16", "--channels-last"}
+
+
+@dataclass(frozen=True)
+class Timing:
+    name: str
+    step_time: float | None       # seconds, the slowest rank's median (None: not run here)
+    images_per_sec: float | None
+    all_reduces_per_step: float | None
+    note: str
+
+
+def timed(*options: str, nproc: int = 2, steps: int | None = None) -> dict[str, Any]:
+    """One run of solutions/speed_fixes.py under torchrun; its JSON result."""
+    steps = steps or (6 if lab.QUICK else 20)
+    args = ["--data-dir", str(lab.data_dir()[0]), "--widen-factor", "1" if api.gpu_count() == 0 else "10",
+            "--steps", str(steps), "--warmup-steps", "2" if lab.QUICK else "5", *options]
+    command = [*launching.TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+               launching.course_file(SPEED_SCRIPT), *args]
+    text = lab.run(command, timeout=300, echo=False, env={"KINETO_LOG_LEVEL": "5"})
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    if not lines:
+        raise lab.LaunchError(f"speed_fixes.py printed no result:\n{text[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def profile(nproc: int = 2, folder: str | Path | None = None) -> dict[str, Any]:
+    """The split of a step into data, forward, backward (with DDP's all-reduces) and optimizer,
+    from torch.profiler, and the trace files (one per rank: chrome://tracing or ui.perfetto.dev)."""
+    out = Path(folder or tempfile.mkdtemp(prefix="ddp-lab-profile-"))
+    return timed("--profile", str(out), nproc=nproc)
+
+
+QUICK_FIXES = ("--preload", "--accumulate")  # besides the baseline, in quick mode
+
+
+def fixes(nproc: int = 2, quick: bool = False) -> list[Timing]:
+    """Every fix of FIXES timed in one sitting, one after the other, on this machine (`quick`: the
+    baseline, the preloaded data and the accumulation pair)."""
+    on_gpu = api.gpu_count() >= nproc
+    found = []
+    for name, options, note in FIXES:
+        if set(options) & GPU_ONLY and not on_gpu:
+            found.append(Timing(name, None, None, None, "n/a: needs GPUs"))
+            continue
+        if quick and options and options[0] not in QUICK_FIXES:
+            found.append(Timing(name, None, None, None, "not run in quick mode"))
+            continue
+        result = timed(*options, nproc=nproc)
+        found.append(Timing(name, result["step_time"], result["images_per_sec"], result["all_reduces_per_step"], note))
+    return found
+
+
+def show(timings: list[Timing]) -> None:
+    """The fixes as a table, each against the baseline."""
+    base = timings[0].images_per_sec or 1.0
+    print(f"{'':40} {'step':>9} {'images/s':>9} {'vs base':>8} {'all-reduces/step':>17}  note")
+    for t in timings:
+        if t.step_time is None or t.images_per_sec is None or t.all_reduces_per_step is None:
+            print(f"{t.name:40} {'':>9} {'':>9} {'':>8} {'':>17}  {t.note}")
+            continue
+        print(f"{t.name:40} {t.step_time * 1000:7.1f}ms {t.images_per_sec:9.1f} {t.images_per_sec / base:7.2f}x "
+              f"{t.all_reduces_per_step:17.1f}  {t.note}")
+
+
+# Large batches ------------------------------------------------------------------------------
+
+def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Four logs: 1 process at --base-lr (the reference), then `processes` processes (a global
+    batch that many times larger) with the same rate, the linearly scaled rate, and the scaled
+    rate after a warm-up of one epoch."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-lab-large-batch-"))
+    runs = {f"1 process, lr {BASE_LR}": (1, []),
+            f"{processes} processes, lr {BASE_LR} (not scaled)": (processes, []),
+            f"{processes} processes, lr {processes} x {BASE_LR}": (processes, ["--scale-lr"]),
+            f"{processes} processes, lr {processes} x {BASE_LR} after a 1-epoch warm-up":
+                (processes, ["--scale-lr", "--warmup-epochs", "1"])}
+    logs = {}
+    for i, (name, (n, options)) in enumerate(runs.items()):
+        log = folder / f"run-{i}.jsonl"
+        print(f"--- {name} ---")
+        args = lab.training_args(epochs=epochs or (3 if lab.QUICK else 6), target_accuracy=0, base_lr=BASE_LR)
+        launching.torchrun(script, *args, *options, "--log-file", str(log), nproc=n)
+        logs[name] = read_log(log)
+    return logs
+
+
+def exercise(path: str) -> ModuleType:
+    """Your exercise file as a module, read afresh (its `__main__` block does not run): for the
+    notebook to use your functions. The checks never do this: they call them in processes of their own."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, lab.course_file(path))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_here(script: str = STUDY_SCRIPT, pairs: int = 1, steps: int = 8) -> list[speed.Pair]:
+    """The speedup check's measurement, made here whatever the machine (on a CPU the ratio means
+    little; the check itself needs 2 GPUs): pairs of timed runs of 1 and 2 processes."""
+    with Workspace(lab.course_file(script), say=print) as ws:
+        found = checks.measure_speedup(ws, 2, pairs, 16, 1, 2, steps)
+    for k, pair in enumerate(found):
+        print(f"pair {k + 1}: 1 process {pair.one.rate:7.1f} images/s over {pair.one.steps} steps; 2 processes "
+              f"{pair.many.rate:7.1f} images/s (slowest rank {pair.many.seconds:.2f} s): ratio {pair.ratio:.2f}")
+    print(f"median ratio: {speed.median_ratio(found):.2f}")
+    return found

@@ -1,4 +1,13 @@
-"""`make bench`: how long the step checks and the notebooks take, as a learner and CI meet them.
+"""`make bench`: speed ratios measured side by side in one run, and how long the step checks and
+the notebooks take, as a learner and CI meet them.
+
+First the ratios, each of two things timed in alternating order (A, B, B, A, A, B) on this
+machine, the median of the three pairs (autograde/checker/speed.py: the clock starts after the
+warm-up steps; a run's time is its slowest rank's):
+- the finished lab script with 1 process over the starter (DDP's overhead on one process);
+- the finished script with 2 processes over 1 (the speedup check's own measurement);
+- solutions/speed_fixes.py with the data preloaded as tensors over the DataLoader;
+- the setup check over the whole `check --all` (a step's latency against all of them).
 
 Each step is checked in a fresh process (`python -m autograde check --step S --fresh`: no kept
 verdicts), on the finished solution; then every step at once (`--all --fresh`), then one step
@@ -10,14 +19,18 @@ median step, the whole run and the notebooks with the course's targets on a 2-co
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
-from autograde import launch, paths, registry
-from autograde.tools import nbval_runner
-
+from autograde import data, launch, paths, registry
+from autograde.checker import speed
+from autograde.checker.runs import Workspace
+from autograde.checker.tracer import STOP_AT_STEP, TRACE_STEPS
+from autograde.checks import scaling
 from autograde.tools import nbval_runner
 
 ROOT, SOLUTION = paths.REPO, paths.SOLUTION
@@ -32,10 +45,78 @@ def time_check(*args: str, script: Path = SOLUTION) -> float:
     return result.seconds
 
 
+PAIRS, WARMUP, STEPS, BATCH = 3, 3, 12, 32
+
+
+def _lab_rate(ws: Workspace, key: str, data_dir: Path, argv: list[str]) -> float:
+    """Images per second of a lab script (steps x batch: no DDP needed), stopped after WARMUP + STEPS steps."""
+    run = ws.launched(key, key, ["--widen-factor", "1", "--batch-size", str(BATCH), "--epochs", "1",
+                                 "--target-accuracy", "0", "--data-dir", str(data_dir), *argv],
+                      env={TRACE_STEPS: "1", STOP_AT_STEP: str(WARMUP + STEPS), "OMP_NUM_THREADS": "1"})
+    if not run.ok:
+        sys.exit(f"error: the {key} run failed: {run.problem()}")
+    measured = speed.throughput(run, WARMUP)
+    return measured.steps * BATCH * measured.processes / measured.seconds
+
+
+def _alternating(first: Callable[[int], float], second: Callable[[int], float]) -> tuple[float, list[float]]:
+    """The median ratio second / first over PAIRS pairs made in alternating order."""
+    ratios = []
+    for i in range(PAIRS):
+        if i % 2 == 0:
+            a = first(i)
+            b = second(i)
+        else:  # the other one first
+            b = second(i)
+            a = first(i)
+        ratios.append(b / a)
+    return statistics.median(ratios), ratios
+
+
+def _fixes_rate(data_dir: Path, *options: str) -> float:
+    result = launch.run([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                         ROOT / "solutions" / "speed_fixes.py", "--data-dir", data_dir, "--widen-factor", "1",
+                         "--steps", str(STEPS), "--warmup-steps", str(WARMUP), *options],
+                        timeout=300, env={"OMP_NUM_THREADS": "1"})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        sys.exit(f"error: speed_fixes.py {' '.join(options)} failed:\n{result.output[-2000:]}")
+    return float(json.loads(lines[-1])["images_per_sec"])
+
+
+def ratios() -> list[str]:
+    """Each ratio as a line of the report (see the module's docstring)."""
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as folder, \
+            Workspace(paths.STARTER) as starter, Workspace(SOLUTION) as finished:
+        data_dir = Path(folder)
+        data.write_synthetic(data_dir, 4096, 64, seed=7)
+        ratio, each = _alternating(lambda i: _lab_rate(starter, f"starter-{i}", data_dir, []),
+                                   lambda i: _lab_rate(finished, f"solution-{i}", data_dir, ["--num-gpus", "1"]))
+        lines.append(f"finished script, 1 process, over the starter: {ratio:.2f} (pairs {_show(each)}; DDP's overhead)")
+        with Workspace(ROOT / scaling.STUDY_SOLUTION) as ws:
+            found = scaling.measure_speedup(ws, 2, PAIRS, BATCH, 1, WARMUP, STEPS)
+        lines.append(f"2 processes over 1 (large_batch_training.py, the speedup check's measure): "
+                     f"{speed.median_ratio(found):.2f} (pairs {_show([p.ratio for p in found])})")
+        ratio, each = _alternating(lambda i: _fixes_rate(data_dir), lambda i: _fixes_rate(data_dir, "--preload"))
+        lines.append(f"data preloaded as tensors over the DataLoader (speed_fixes.py, 2 processes): {ratio:.2f} "
+                     f"(pairs {_show(each)})")
+    return lines
+
+
+def _show(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde.tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", type=Path, default=SOLUTION, help="the script to check (a correct one)")
+    parser.add_argument("--ratios-only", action="store_true", help="only the speed ratios (a few minutes)")
     args = parser.parse_args(argv)
+    measured = ratios()
+    print("\n".join(measured), flush=True)
+    if args.ratios_only:
+        return 0
     times = {}
     for step in registry.LAB_STEPS:  # the lab's steps, on the lab's script
         times[step] = time_check("--step", step, "--fresh", script=args.script)
@@ -53,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{max(times.values()):.1f} s): {median / STEP_TARGET:.2f} x the {STEP_TARGET:.0f} s target")
     print(f"--all {every:.1f} s: {every / ALL_TARGET:.2f} x the {ALL_TARGET:.0f} s target")
     print(f"step 4 again, from kept verdicts: {kept:.1f} s ({kept / median:.2f} x the median cold step)")
+    print(f"one step's latency over all steps: {median:.1f} s / {every:.1f} s = {median / every:.2f}")
+    print("\n".join(measured))
     print(f"all {len(names)} notebooks under nbval, quick mode: {run.seconds:.1f} s: "
           f"{run.seconds / NOTEBOOKS_TARGET:.2f} x the {NOTEBOOKS_TARGET:.0f} s target")
     return 0 if median <= STEP_TARGET and every <= ALL_TARGET and run.seconds <= NOTEBOOKS_TARGET else 1

@@ -116,6 +116,13 @@ def checks(report: Report, gpus: int) -> None:
         verdict = "FAIL" if r.passed is False else r.status
         report.row(f"solution, Step {r.step}", verdict, r.observed)
     report.add(f"\n(all steps in {time.monotonic() - started:.0f} s)\n")
+    # the scaling part's speedup item: judged only with 2 GPUs or more (its threshold is set from these runs)
+    started = time.monotonic()
+    (speedup,) = api.check_steps(["speedup"], paths.REPO / "solutions" / "large_batch_training.py", fresh=True,
+                                 quiet=True)
+    report.row("large_batch_training.py, speedup (2 GPUs over 1)", "FAIL" if speedup.passed is False else speedup.status,
+               f"{speedup.observed} ({time.monotonic() - started:.0f} s)")
+    report.add("")
     report.add("| mistake | verdict | observed |\n| --- | --- | --- |")
     catalogue, gpu_only = _mistakes()
     with tempfile.TemporaryDirectory() as folder:

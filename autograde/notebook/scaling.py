@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from autograde import data
 from autograde.checker import api, speed
 from autograde.checker.runs import Workspace
 from autograde.checks import scaling as checks
@@ -29,10 +30,31 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def on_gpus() -> bool:
+    """Whether the study runs one process per GPU: it needs 3 GPUs or more (3 runs fit the model);
+    otherwise it runs CPU processes, GPUs hidden."""
+    return api.gpu_count() >= 3
+
+
+CPU_DATA = (4096, 512)  # on a CPU: a stand-in small enough for 4 processes on few cores
+
+
+def run_options() -> tuple[dict[str, object], dict[str, str] | None]:
+    """Training options and environment for a study run: on GPUs the lab's defaults and data; on a
+    CPU the narrow model on a small stand-in (60,000 images take minutes an epoch there), GPUs hidden."""
+    if on_gpus():
+        return {}, None
+    if lab.QUICK:
+        return {"widen_factor": 1}, {"CUDA_VISIBLE_DEVICES": ""}
+    folder = Path(tempfile.gettempdir()) / "ddp-lab-scaling-data"
+    return {"widen_factor": 1, "data_dir": data.choose(folder, folder, *CPU_DATA, seed=5)[0]}, {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def processes_to_try() -> list[int]:
-    """1 .. N: one per GPU; on a CPU up to 4 (3 in quick mode, where 1 and 2 alone fit no model)."""
-    most = lab.machine().max_processes
-    return list(range(1, max(3, min(most, 3 if lab.QUICK else 4)) + 1))
+    """1 .. N: one per GPU on a node with 3 or more; on a CPU 1 .. 4 (1 .. 3 in quick mode)."""
+    if on_gpus():
+        return list(range(1, api.gpu_count() + 1))
+    return list(range(1, (3 if lab.QUICK else 4) + 1))
 
 
 def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCRIPT,
@@ -49,9 +71,10 @@ def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCR
         batch = GLOBAL_BATCH // n if kind == "strong" else PER_PROCESS
         logs[n] = out / f"{kind}-{n}.jsonl"
         logs[n].unlink(missing_ok=True)
-        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 3), target_accuracy=0, batch_size=batch)
+        options, env = run_options()
+        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 3), target_accuracy=0, batch_size=batch, **options)
         print(f"--- {kind} scaling, {n} process(es), batch {batch} per process ---")
-        launching.torchrun(script, *args, "--log-file", str(logs[n]), nproc=n)
+        launching.torchrun(script, *args, "--log-file", str(logs[n]), nproc=n, env=env)
     return logs
 
 
@@ -174,8 +197,9 @@ def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> 
     for i, (name, (n, options)) in enumerate(runs.items()):
         log = folder / f"run-{i}.jsonl"
         print(f"--- {name} ---")
-        args = lab.training_args(epochs=epochs or (3 if lab.QUICK else 6), target_accuracy=0, base_lr=BASE_LR)
-        launching.torchrun(script, *args, *options, "--log-file", str(log), nproc=n)
+        cpu, env = run_options()
+        args = lab.training_args(epochs=epochs or (3 if lab.QUICK else 6), target_accuracy=0, base_lr=BASE_LR, **cpu)
+        launching.torchrun(script, *args, *options, "--log-file", str(log), nproc=n, env=env)
         logs[name] = read_log(log)
     return logs
 

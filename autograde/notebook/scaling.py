@@ -23,6 +23,7 @@ FINISHED = "solutions/large_batch_training.py"
 GLOBAL_BATCH = 96   # strong scaling: divides by 1, 2, 3, 4 and 6 processes
 PER_PROCESS = 32    # weak scaling
 BASE_LR = 0.05      # the large-batch runs' rate for one process
+NEVER = 10_000      # --patience: with --target-accuracy 0, every epoch asked for runs (no early stop)
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
@@ -72,7 +73,8 @@ def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCR
         logs[n] = out / f"{kind}-{n}.jsonl"
         logs[n].unlink(missing_ok=True)
         options, env = run_options()
-        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 3), target_accuracy=0, batch_size=batch, **options)
+        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 3), target_accuracy=0, patience=NEVER,
+                                 batch_size=batch, **options)
         print(f"--- {kind} scaling, {n} process(es), batch {batch} per process ---")
         launching.torchrun(script, *args, "--log-file", str(logs[n]), nproc=n, env=env)
     return logs
@@ -198,7 +200,8 @@ def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> 
         log = folder / f"run-{i}.jsonl"
         print(f"--- {name} ---")
         cpu, env = run_options()
-        args = lab.training_args(epochs=epochs or (3 if lab.QUICK else 6), target_accuracy=0, base_lr=BASE_LR, **cpu)
+        args = lab.training_args(epochs=epochs or (3 if lab.QUICK else 6), target_accuracy=0, patience=NEVER,
+                                 base_lr=BASE_LR, **cpu)
         launching.torchrun(script, *args, *options, "--log-file", str(log), nproc=n, env=env)
         logs[name] = read_log(log)
     return logs

@@ -67,3 +67,10 @@ def test_the_command_line_and_the_notebooks_know_the_same_ids() -> None:
         assert api.normalise(item.id) == item.id
     with pytest.raises(ValueError, match="unknown step"):
         api.normalise("11")
+
+
+def test_a_grade_cell_id_names_its_item_both_ways() -> None:
+    """Ids with dots (6.5) and underscores (lr_scaling) alike: grading reads the item back from the cell."""
+    from autograde import course
+
+    assert all(course.step_of(course.grade_id(i.id)) == i.id for i in ITEMS)

@@ -91,11 +91,13 @@ def root() -> Path:
 
 
 def grade_id(step: str) -> str:
-    return f"step_{step.replace('.', '_')}"
+    """The grade cell's id of an item (the registry's: step_6_5, step_lr_scaling)."""
+    return registry.item(step).grade_id
 
 
 def step_of(grade_id: str) -> str:
-    return grade_id.removeprefix("step_").replace("_", ".")
+    """The item a grade cell grades (an id may hold "_" itself: step_lr_scaling is lr_scaling)."""
+    return {item.grade_id: item.id for item in registry.ITEMS}[grade_id]
 
 
 def hidden_test_block(step: str) -> str:

@@ -13,6 +13,7 @@ fetch_feedback looks for them).
 from __future__ import annotations
 
 import html
+import json
 import re
 import shutil
 import subprocess
@@ -106,6 +107,18 @@ def test_the_exchange_hands_out_the_committed_starter(graded: Course) -> None:
     assert (released / "fashion_mnist.py").read_text() == committed
     assert not any("HIDDEN TESTS" in nb.read_text() or "procs_per_node" in nb.read_text()
                    for nb in released.glob("*.ipynb"))
+
+
+def test_grading_the_finished_solution_runs_every_cell_of_the_graded_notebooks_without_an_error(graded: Course) -> None:
+    """Alice's graded notebooks, executed top to bottom by the grader with the finished solution and
+    without the course's solutions/ (a release holds none): no cell may raise."""
+    executed = sorted((graded.root / "autograded" / "alice" / registry.LAB).glob("*.ipynb"))
+    assert [nb.stem for nb in executed] == sorted(registry.PART[registry.LAB].graded_notebooks)
+    for notebook in executed:
+        code = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+        assert all(c.get("execution_count") for c in code), f"{notebook.name}: not every cell ran"
+        errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{notebook.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
 
 
 def test_collect_files_each_submission_under_its_learner(graded: Course) -> None:

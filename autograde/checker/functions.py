@@ -212,24 +212,15 @@ def _collectives(rank: int, options: argparse.Namespace, device: Any) -> Collect
     if options.script:
         try:
             predictions = getattr(_learner_module(options.script), "PREDICTIONS")
-            report.predictions = {k: _plain(v) for k, v in dict(predictions).items()}
+            report.predictions = {k: _json_value(v) for k, v in dict(predictions).items()}
         except BaseException as err:
             report.error = short_error(err, options.script)
     return report
 
 
-def _plain(value: Any) -> Any:
-    """A prediction as JSON: lists of numbers (tensors and tuples too), None, else its repr."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value if isinstance(value, (int, float, type(None))) else repr(value)
-
-
 def _json_value(value: Any) -> Any:
-    """What a learner's function returned, as JSON: numbers (numpy and 0-d tensors too), lists
-    (tuples, arrays, tensors), dicts with string keys; anything else as its repr."""
+    """A learner's value (a prediction, what a function returned) as JSON: numbers (numpy and 0-d
+    tensors too), lists (tuples, arrays, tensors), dicts with string keys; anything else as its repr."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, dict):

@@ -9,15 +9,17 @@ DDP_LAB_STOP_AT_STEP=K every process records its parameters after step K and end
   time the slowest process took for them (a run is as fast as its slowest rank).
 - `verify`: the run did the work it is credited with: every process took the same number of
   steps, gave the model the same number of images in each, and ended with the same parameters.
-- `paired`: runs of 1 and N processes made in alternating order (1 then N, N then 1, ...), so
-  that a machine that slows down or speeds up during the measurement does not favour either;
-  the median of the pairs' ratios is the speedup.
+- `alternating`: two measurements made in pairs, in alternating order (A then B, B then A, ...),
+  so that a machine that slows down or speeds up meanwhile favours neither; `paired` makes such
+  pairs of runs of 1 and N processes, and the median of the pairs' ratios is the speedup.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 from autograde.checker.formats import ProcessTrace
 from autograde.checker.runs import Run
@@ -92,15 +94,25 @@ class Pair:
         return self.many.rate / self.one.rate
 
 
+def alternating(first: Callable[[int], T], second: Callable[[int], T], pairs: int) -> list[tuple[T, T]]:
+    """`pairs` pairs (first(i), second(i)), made first-then-second for even i, second-then-first for odd i."""
+    found = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a = first(i)
+            b = second(i)
+        else:  # the other one first
+            b = second(i)
+            a = first(i)
+        found.append((a, b))
+    return found
+
+
 def paired(make: Callable[[int, int], Run], n: int, pairs: int, warmup: int) -> list[Pair]:
     """`pairs` pairs of runs, 1 and n processes, in alternating order; `make(processes, index)`
     makes one run. Raises ValueError when a run cannot be timed."""
-    found = []
-    for i in range(pairs):
-        order = (1, n) if i % 2 == 0 else (n, 1)
-        made = {k: throughput(make(k, i), warmup) for k in order}
-        found.append(Pair(made[1], made[n]))
-    return found
+    made = alternating(lambda i: throughput(make(1, i), warmup), lambda i: throughput(make(n, i), warmup), pairs)
+    return [Pair(one, many) for one, many in made]
 
 
 def median_ratio(found: list[Pair]) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -279,19 +280,25 @@ STUDY_SOLUTION = "solutions/large_batch_training.py"  # the part's finished scri
 SPEEDUP_TARGET = 1.6   # on 2 GPUs: to be set from measurements on GPU nodes
 SPEED_PAIRS, SPEED_WARMUP, SPEED_STEPS = 3, 5, 20
 SPEED_BATCH = 128
-SPEED_IMAGES = 2 * SPEED_BATCH * (SPEED_WARMUP + SPEED_STEPS + 2)  # one epoch outlasts the timed steps
 
 
 def speed_argv(batch: int, widen: int) -> list[str]:
     return ["--widen-factor", str(widen), "--batch-size", str(batch), "--epochs", "1", "--target-accuracy", "0"]
 
 
+def _speed_data(ws: Workspace, processes: int, batch: int, steps: int) -> Path:
+    """The timed runs' data set, written once per workspace, enough for `processes` processes to
+    take `steps` steps within one epoch (the first caller sizes it: measure_speedup, for the most)."""
+    folder = ws.root / "speed-data"
+    if not ws.replaying and not folder.exists():
+        data.write_synthetic(folder, processes * batch * (steps + 2), 64, seed=7)
+    return folder
+
+
 def timed_run(ws: Workspace, processes: int, index: int, batch: int, widen: int, warmup: int, steps: int) -> Run:
     """One run of `processes` processes under torchrun that stops after warmup + steps steps,
     every step traced, with data enough for them; its work verified (speed.verify)."""
-    folder = ws.root / "speed-data"
-    if not ws.replaying and not folder.exists():
-        data.write_synthetic(folder, max(SPEED_IMAGES, processes * batch * (warmup + steps + 2)), 64, seed=7)
+    folder = _speed_data(ws, processes, batch, warmup + steps)
     run = ws.torchrun(f"speed/{processes}-{index}", f"timed run of {processes} process(es), pair {index + 1}", [
         (["--standalone", "--nproc-per-node", str(processes)], [*speed_argv(batch, widen), "--data-dir", str(folder)])],
         env={TRACE_STEPS: "1", STOP_AT_STEP: str(warmup + steps)})
@@ -304,6 +311,7 @@ def timed_run(ws: Workspace, processes: int, index: int, batch: int, widen: int,
 def measure_speedup(ws: Workspace, n: int, pairs: int, batch: int, widen: int, warmup: int,
                     steps: int) -> list[speed.Pair]:
     """The pairs of timed runs (1 and n processes, alternating), each verified."""
+    _speed_data(ws, n, batch, warmup + steps)  # sized for the larger runs, which come second
     try:
         return speed.paired(lambda k, i: timed_run(ws, k, i, batch, widen, warmup, steps), n, pairs, warmup)
     except ValueError as err:

@@ -99,10 +99,6 @@ def fit(times: dict[int, float]) -> tuple[float, float, float]:
     return checks.time_model(times)
 
 
-def predict(params: tuple[float, float, float], n: int) -> float:
-    return checks.model_time(params, n)
-
-
 # Where the time goes -------------------------------------------------------------------------
 
 SPEED_SCRIPT = "solutions/speed_fixes.py"
@@ -131,13 +127,16 @@ class Timing:
 
 
 def timed(*options: str, nproc: int = 2, steps: int | None = None) -> dict[str, Any]:
-    """One run of solutions/speed_fixes.py under torchrun; its JSON result."""
+    """One run of solutions/speed_fixes.py under torchrun; its JSON result. One GPU per process
+    where there are GPUs enough (the full model), else CPU processes (the narrow one), GPUs hidden."""
     steps = steps or (6 if lab.QUICK else 20)
-    args = ["--data-dir", str(lab.data_dir()[0]), "--widen-factor", "1" if api.gpu_count() == 0 else "10",
+    on_gpu = api.gpu_count() >= nproc
+    args = ["--data-dir", str(lab.data_dir()[0]), "--widen-factor", "10" if on_gpu else "1",
             "--steps", str(steps), "--warmup-steps", "2" if lab.QUICK else "5", *options]
     command = [*launching.TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
                launching.course_file(SPEED_SCRIPT), *args]
-    text = lab.run(command, timeout=300, echo=False, env={"KINETO_LOG_LEVEL": "5"})
+    env = {"KINETO_LOG_LEVEL": "5", **({} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""})}
+    text = lab.run(command, timeout=300, echo=False, env=env)
     lines = [line for line in text.splitlines() if line.startswith("{")]
     if not lines:
         raise lab.LaunchError(f"speed_fixes.py printed no result:\n{text[-2000:]}")

@@ -6,8 +6,8 @@ machine, the median of the three pairs (autograde/checker/speed.py: the clock st
 warm-up steps; a run's time is its slowest rank's):
 - the finished lab script with 1 process over the starter (DDP's overhead on one process);
 - the finished script with 2 processes over 1 (the speedup check's own measurement);
-- solutions/speed_fixes.py with the data preloaded as tensors over the DataLoader;
-- the setup check over the whole `check --all` (a step's latency against all of them).
+- solutions/speed_fixes.py with the data preloaded as tensors over the DataLoader.
+The full run then adds a step's check over the whole `check --all` (a step's latency against all).
 
 Each step is checked in a fresh process (`python -m autograde check --step S --fresh`: no kept
 verdicts), on the finished solution; then every step at once (`--all --fresh`), then one step
@@ -66,15 +66,7 @@ def _lab_rate(ws: Workspace, key: str, data_dir: Path, argv: list[str]) -> float
 
 def _alternating(first: Callable[[int], float], second: Callable[[int], float]) -> tuple[float, list[float]]:
     """The median ratio second / first over PAIRS pairs made in alternating order."""
-    ratios = []
-    for i in range(PAIRS):
-        if i % 2 == 0:
-            a = first(i)
-            b = second(i)
-        else:  # the other one first
-            b = second(i)
-            a = first(i)
-        ratios.append(b / a)
+    ratios = [b / a for a, b in speed.alternating(first, second, PAIRS)]
     return statistics.median(ratios), ratios
 
 

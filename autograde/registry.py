@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import lab, launching, scaling, talk
+from autograde.checks import inside, lab, launching, scaling, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
 RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "scaling", "warmup", "lr", "speed")
+        "scaling", "warmup", "lr", "speed", "ddp")
 
 
 def family(run_key: str) -> str:
@@ -127,6 +127,15 @@ ITEMS += [
          "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("lr",), scaling.check_lr_scaling,
          todo="lr_scaling"),
 ]
+INSIDE = "inside_ddp"  # the part "inside DDP": data parallelism by hand, sharding, model parallelism, hangs
+ITEMS += [
+    Item("naive_ddp", "DDP by hand: all-reduce every gradient", 2, INSIDE, "20_ddp_by_hand", "exercises/ddp_by_hand.py",
+         "solutions/ddp_by_hand.py", ("ddp",), inside.check_naive_ddp, todo="naive_ddp"),
+    Item("overlap_ddp", "DDP by hand: all-reduce during backward", 2, INSIDE, "20_ddp_by_hand",
+         "exercises/ddp_by_hand.py", "solutions/ddp_by_hand.py", ("ddp",), inside.check_overlap_ddp, todo="overlap_ddp"),
+    Item("bucketed_ddp", "DDP by hand: buckets", 3, INSIDE, "20_ddp_by_hand", "exercises/ddp_by_hand.py",
+         "solutions/ddp_by_hand.py", ("ddp",), inside.check_bucketed_ddp, todo="bucketed_ddp"),
+]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
 BY_ID = {item.id: item for item in ITEMS}
@@ -164,6 +173,7 @@ PARTS = [
                                          "solutions/slurm/srun_torchrun_per_node.sbatch")),
     Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[79]_*", ("solutions/speed_fixes.py",)),
+    Part(INSIDE, "Inside DDP: data parallelism by hand", "2[0-9]_*.ipynb", "20_*"),
 ]
 PART = {part.id: part for part in PARTS}
 

@@ -20,8 +20,9 @@ STYLES = sorted((Path(__file__).resolve().parent / "styles" / "exercises").glob(
 
 
 def item_of(style: Path) -> str:
-    """The exercise a style is written for: its name's first word (ring_batched.py: ring)."""
-    return style.name.split("_")[0]
+    """The exercise a style is written for: the item whose id begins its name (ring_batched.py:
+    ring; naive_ddp_params.py: naive_ddp)."""
+    return max((i.id for i in registry.ITEMS if style.stem.startswith(f"{i.id}_")), key=len)
 
 
 def learner_file(style: Path) -> str:

@@ -166,6 +166,7 @@ RING_WHOLE = """    passing, incoming, total = tensor.clone(), torch.empty_like(
 """
 SAMPLER_SHUFFLE = ("            generator = torch.Generator().manual_seed(self.seed + self.epoch)\n"
                    "            order = torch.randperm(self.size, generator=generator).tolist()\n")
+OVERLAP_WAIT = "            handle.wait()\n            gradient /= world_size\n"
 SAVE_GUARD = "    if dist.get_rank() == 0:\n        checkpoint = {\n"
 SAVE_ATOMIC = "        torch.save(checkpoint, temporary)\n        os.replace(temporary, path)\n"
 SAVE_BARRIER = "    dist.barrier()  # nobody goes on (or reads the file) before it is complete\n"
@@ -278,4 +279,34 @@ EXERCISE_MISTAKES = [
          "        optimizer.step()\n        for group in optimizer.param_groups:\n"
          "            group[\"lr\"] = lr_at(step)\n        num_images += len(labels)\n")),
             "step 5 had"),
+    # ddp_by_hand.py
+    Mistake("naive_not_divided", "naive_ddp", (("                parameter.grad /= world_size\n", ""),),
+            "from one process trained on the whole batch"),
+    Mistake("naive_no_broadcast", "naive_ddp", (("        dist.broadcast(tensor.data, src=0)\n", "        pass\n"),),
+            "kept its own initial weights"),
+    Mistake("naive_frozen_gradient_reduced", "naive_ddp", (
+        ("            if parameter.grad is not None:\n                dist.all_reduce(parameter.grad)\n"
+         "                parameter.grad /= world_size\n",
+         "            dist.all_reduce(parameter.grad)\n            parameter.grad /= world_size\n"),), "NaiveDDP(model): "),
+    Mistake("overlap_never_waits", "overlap_ddp", ((OVERLAP_WAIT, "            gradient /= world_size\n"),),
+            "waited for 0 of them"),
+    Mistake("overlap_not_divided", "overlap_ddp", ((OVERLAP_WAIT, "            handle.wait()\n"),),
+            "from DistributedDataParallel"),
+    Mistake("overlap_hook_on_frozen", "overlap_ddp", (
+        ("            if parameter.requires_grad:\n                parameter.register_post_accumulate_grad_hook(self._launch)\n",
+         "            parameter.register_post_accumulate_grad_hook(self._launch)\n"),), "OverlapDDP(model): "),
+    Mistake("overlap_blocking_in_the_hook", "overlap_ddp", (
+        ("        handle = dist.all_reduce(parameter.grad, async_op=True)  # returns at once; the sum arrives later\n"
+         "        self.pending.append((handle, parameter.grad))\n",
+         "        dist.all_reduce(parameter.grad)\n        self.pending.append((None, parameter.grad))\n"),
+        (OVERLAP_WAIT, "            gradient /= world_size\n")), "they waited there, one by one"),
+    Mistake("bucketed_forward_order", "bucketed_ddp", (
+        ("        for parameter in reversed([p for p in module.parameters() if p.requires_grad]):\n",
+         "        for parameter in [p for p in module.parameters() if p.requires_grad]:\n"),), "all-reduced tensors of"),
+    Mistake("bucketed_leftover_never_sent", "bucketed_ddp", (
+        ("        for k in range(len(self.buckets)):\n            if k not in self.pending:\n                self._launch(k)\n",
+         ""),), "from one process trained on the whole batch"),
+    Mistake("bucketed_size_in_elements", "bucketed_ddp", (
+        ("            nbytes = parameter.numel() * parameter.element_size()\n",
+         "            nbytes = parameter.numel()\n"),), "all-reduced tensors of"),
 ]

@@ -21,7 +21,7 @@ from typing import Any
 # learner's code); the extra fields of init_process_group's are listed.
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
-    "enter": ("call", "backend", "world_size"),
+    "enter": ("call", "backend", "world_size", "numel", "async_op"),  # all_reduce's: its tensor's size, async or not
     # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted
     "exit": ("call", "rank_joined", "world_size", "backend", "env_rank", "life"),
     "set_device": ("device",),
@@ -52,6 +52,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # written by autograde/checker/functions.py around each call of a learner's function
     "case_start": ("case", "world_size"),
     "case_end": ("case",),
+    # around the call of a hand-made DDP's finish_gradient_synchronization() (functions.py `ddp`)
+    "sync_start": (),
+    "sync_end": (),
     # with DDP_LAB_COUNT_WORK=1, at destroy_process_group: the elements the process's PyTorch
     # operations produced plus the lines of the learner's file it ran (tracer._count_work)
     "work": ("amount",),
@@ -206,6 +209,32 @@ class CallsReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CallsReport:
         return cls(data["world_size"], data["rank"], [Call(**c) for c in data.get("calls", [])], data.get("error"))
+
+
+@dataclass
+class DdpCase:
+    """One rank's training of the course's model under a learner's hand-made DDP (functions.py `ddp`)."""
+
+    case: int
+    bucket_size_mb: float | None      # BucketedDDP's argument (None: the wrapper takes none)
+    from_single: float                # largest |difference| from one process trained on the whole batch
+    from_ddp: float                   # largest |difference| from DistributedDataParallel trained alike
+    buckets: list[int]                # the numels of the buckets DDP's rule makes, in the order they fill
+    error: str | None = None          # what the learner's code raised
+
+
+@dataclass
+class DdpReport:
+    """What one rank of a ddp run found (autograde/checker/functions.py writes it)."""
+
+    world_size: int
+    rank: int
+    cases: list[DdpCase] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DdpReport:
+        return cls(data["world_size"], data["rank"], [DdpCase(**c) for c in data.get("cases", [])], data.get("error"))
 
 
 Event = dict[str, Any]

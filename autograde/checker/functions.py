@@ -52,8 +52,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from autograde.checker.formats import (Call, CallsReport, CollectivesReport, RingCase, RingReport, SamplerCase,
-                                       SamplerReport)
+from autograde.checker.formats import (Call, CallsReport, CollectivesReport, DdpCase, DdpReport, RingCase,
+                                       RingReport, SamplerCase, SamplerReport)
 from autograde.checker.harness import short_error
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
@@ -218,6 +218,126 @@ def _collectives(rank: int, options: argparse.Namespace, device: Any) -> Collect
     return report
 
 
+# The hand-made DDPs of exercises/ddp_by_hand.py ------------------------------------------------
+
+DDP_STEPS, DDP_BATCH_PER_RANK, DDP_LR = 3, 4, 0.5
+
+
+def ddp_model(seed: int) -> Any:
+    """The model every hand-made DDP is tried on: a weight used twice (tied), a frozen layer and a
+    layer the forward pass never uses, so a wrapper must cope with gradients that are shared,
+    absent by design and absent by accident."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Awkward(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(16, 32, bias=False)
+            self.hidden = nn.Linear(32, 32)
+            self.frozen = nn.Linear(32, 32)
+            self.frozen.requires_grad_(False)
+            self.unused = nn.Linear(32, 32)
+
+        def forward(self, x: Any) -> Any:
+            h = torch.relu(self.hidden(torch.relu(self.embed(x))))
+            return F.linear(self.frozen(h), self.embed.weight.t())  # the embedding's weight, tied
+
+    torch.manual_seed(seed)
+    return Awkward()
+
+
+def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[tuple[str, int]]]:
+    """DDP's buckets for `model`, each a list of (parameter name, numel): the trainable parameters
+    in reverse order, a new bucket whenever the next would make the current one larger than
+    bucket_size_mb (a parameter larger than that alone in one)."""
+    limit, size = bucket_size_mb * 1024 * 1024, 0.0
+    buckets: list[list[tuple[str, int]]] = [[]]
+    for name, p in reversed([(n, p) for n, p in model.named_parameters() if p.requires_grad]):
+        nbytes = p.numel() * p.element_size()
+        if buckets[-1] and size + nbytes > limit:
+            buckets.append([])
+            size = 0.0
+        buckets[-1].append((name, p.numel()))
+        size += nbytes
+    return buckets
+
+
+def ddp_buckets(model: Any, bucket_size_mb: float) -> list[int]:
+    """The numels of DDP's buckets for `model` (bucket_plan), in the order they fill."""
+    return [sum(numel for _, numel in bucket) for bucket in bucket_plan(model, bucket_size_mb)]
+
+
+def _ddp_batches(world_size: int) -> list[tuple[Any, Any]]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    n = DDP_BATCH_PER_RANK * world_size
+    return [(torch.randn(n, 16, generator=generator), torch.randint(0, 16, (n,), generator=generator))
+            for _ in range(DDP_STEPS)]
+
+
+def _train_whole(model: Any, batches: list[tuple[Any, Any]], step: Callable[[Any, Any], None]) -> list[Any]:
+    import torch
+
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=DDP_LR)
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        step(x, y)
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _largest_difference(a: list[Any], b: list[Any]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def _ddp(rank: int, options: argparse.Namespace, device: Any) -> DdpReport:
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from autograde.checker.tracer import emit
+
+    report = DdpReport(options.world_size, rank)
+    n = options.world_size
+    batches = _ddp_batches(n)
+    mine = slice(rank * DDP_BATCH_PER_RANK, (rank + 1) * DDP_BATCH_PER_RANK)
+    single = ddp_model(0)  # one process, the whole batch: what data parallelism must reproduce
+    whole = _train_whole(single, batches, lambda x, y: F.cross_entropy(single(x), y).backward())
+    reference = DistributedDataParallel(ddp_model(0), find_unused_parameters=True)
+    by_ddp = _train_whole(reference.module, batches,
+                          lambda x, y: F.cross_entropy(reference(x[mine]), y[mine]).backward())
+    try:
+        wrapper = getattr(_learner_module(options.script), options.wrapper)
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+        return report
+    for case, bucket_size_mb in enumerate(options.bucket_sizes or [None]):
+        model = ddp_model(rank)  # ranks other than 0 start elsewhere: the wrapper must broadcast rank 0's
+        found = DdpCase(case, bucket_size_mb, float("inf"), float("inf"),
+                        ddp_buckets(model, bucket_size_mb) if bucket_size_mb is not None else [])
+        try:
+            wrapped = wrapper(model) if bucket_size_mb is None else wrapper(model, bucket_size_mb)
+
+            def step(x: Any, y: Any) -> None:
+                emit("case_start", case=case, world_size=n)
+                F.cross_entropy(wrapped(x[mine]), y[mine]).backward()
+                emit("sync_start")
+                wrapped.finish_gradient_synchronization()
+                emit("sync_end")
+                emit("case_end", case=case)
+
+            trained = _train_whole(model, batches, step)
+            found.from_single, found.from_ddp = _largest_difference(trained, whole), _largest_difference(trained, by_ddp)
+        except BaseException as err:
+            found.error = short_error(err, options.script)
+            report.cases.append(found)
+            return report
+        report.cases.append(found)
+    return report
+
+
 def _json_value(value: Any) -> Any:
     """A learner's value (a prediction, what a function returned) as JSON: numbers (numpy and 0-d
     tensors too), lists (tuples, arrays, tensors), dicts with string keys; anything else as its repr."""
@@ -274,8 +394,9 @@ def _process(rank: int, options: argparse.Namespace) -> None:
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
     dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=options.world_size,
                             timeout=GROUP_TIMEOUT)
-    tasks: dict[str, Callable[[int, argparse.Namespace, Any], RingReport | SamplerReport | CollectivesReport]] = {
-        "ring": _ring, "sampler": _sampler, "collectives": _collectives}
+    tasks: dict[str, Callable[[int, argparse.Namespace, Any],
+                              RingReport | SamplerReport | CollectivesReport | DdpReport]] = {
+        "ring": _ring, "sampler": _sampler, "collectives": _collectives, "ddp": _ddp}
     report = tasks[options.task](rank, options, device)
     (Path(options.out) / f"{options.world_size}-{rank}.json").write_text(json.dumps(asdict(report)))
     if report.error is not None:
@@ -288,10 +409,12 @@ def _process(rank: int, options: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m autograde.checker.functions")
-    parser.add_argument("task", choices=["ring", "sampler", "collectives", "calls"])
+    parser.add_argument("task", choices=["ring", "sampler", "collectives", "calls", "ddp"])
     parser.add_argument("--script", default="", help="the learner's file (collectives: optional, for its PREDICTIONS)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1])
     parser.add_argument("--calls", default="[]", help="calls: a JSON list of [function name, [arguments]]")
+    parser.add_argument("--wrapper", default="NaiveDDP", help="ddp: the class to try")
+    parser.add_argument("--bucket-sizes", type=float, nargs="*", default=[], help="ddp: BucketedDDP's sizes (MB)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--sizes", type=int, nargs="+", default=[12, 1001])
     parser.add_argument("--ops", nargs="+", default=["sum", "max"], choices=["sum", "max"])

@@ -110,7 +110,11 @@ def _wrap_collective(module: Any, name: str) -> None:
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        emit("enter", call=name)
+        numel = getattr(args[0] if args else kwargs.get("tensor"), "numel", None)
+        if numel is not None and name == "all_reduce":  # how much (a bucket's or a parameter's), and whether it waits
+            emit("enter", call=name, numel=int(numel()), async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])))
+        else:
+            emit("enter", call=name)
         result = original(*args, **kwargs)
         emit("exit", call=name)
         return result

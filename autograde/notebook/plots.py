@@ -632,3 +632,18 @@ def lr_schedules(rates: dict[str, list[float]], warmup_steps: int) -> Figure:
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     return _finish(fig)
+
+
+def against_ddp(times: dict[str, float], reference: str = "DDP") -> Figure:
+    """Seconds per step of each hand-made DDP beside DistributedDataParallel's, labelled with the ratio."""
+    names = list(times)
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.2))
+    for k, name in enumerate(names):
+        ax.barh(k, times[name] * 1000, color="grey" if name == reference else RANK_COLOURS[k % 10])
+        ax.text(times[name] * 1000, k, f" {times[name] / times[reference]:.2f} x", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per step (rank 0)")
+    ax.set_title(f"each against {reference}, measured in one run")
+    fig.tight_layout()
+    return _finish(fig)

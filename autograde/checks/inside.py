@@ -1,0 +1,197 @@
+"""The checks of the part "inside DDP" (notebooks 20-), one function per graded item.
+
+The three hand-made DDPs of exercises/ddp_by_hand.py are tried by autograde/checker/functions.py
+(`ddp`): on 2 and then 3 processes, every rank wraps the course's awkward model (a tied weight,
+a frozen layer, a layer the forward pass never uses; each rank initialised differently), trains 3
+SGD steps on its share of each batch, and compares its weights with one process trained on the
+whole batches and with DistributedDataParallel trained alike. The trace says which collectives
+each step made, how large, and whether they started during backward() or only in
+finish_gradient_synchronization().
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autograde.checker.formats import DdpReport, Event, ProcessTrace
+from autograde.checker.runs import Run, Workspace
+from autograde.checker.tracer import COLLECTIVES
+from autograde.checker.verdicts import require
+
+DDP_WORLD_SIZES = (2, 3)
+TOLERANCE = 1e-6    # the same sums in another order differ by about 1e-7 here; a missing division by 0.1
+# Buckets of the awkward model's 5 trainable tensors (2,624 floats): 1 MB holds all of them; 6 KB
+# makes 2 buckets; 5 KB makes 3, whose sizes tell reverse order (1088, 1024, 512) from forward order.
+BUCKET_SIZES = (1.0, 6 / 1024, 5 / 1024)
+WITH_GRADIENT, TRAINABLE = 3, 5  # tensors that get a gradient each step (the tied one once); that train
+
+
+def _ddp_run(ws: Workspace, wrapper: str, buckets: tuple[float, ...] = ()) -> Run:
+    sizes = [str(n) for n in DDP_WORLD_SIZES]
+    extra = ["--bucket-sizes", *map(str, buckets)] if buckets else []
+    return ws.called(f"ddp/{wrapper}", f"{wrapper} on {' and '.join(sizes)} processes", "ddp",
+                     ["--world-sizes", *sizes, "--wrapper", wrapper, *extra])
+
+
+def _reports(run: Run) -> list[DdpReport]:
+    ranks: list[dict[str, Any]] = (run.report or {}).get("ranks", [])
+    return sorted((DdpReport.from_json(r) for r in ranks), key=lambda r: (r.world_size, r.rank))
+
+
+@dataclass
+class _Step:
+    case: int
+    during: list[Event] = field(default_factory=list)  # collectives entered during backward()
+    after: list[Event] = field(default_factory=list)   # ... in finish_gradient_synchronization()
+    waits: int = 0                                     # requests the learner's code waited for
+
+
+def _steps(trace: ProcessTrace) -> list[_Step]:
+    """Each training step of the trace, in order."""
+    found: list[_Step] = []
+    inside, syncing = False, False
+    for e in trace.events:
+        if e["ev"] == "case_start":
+            inside, syncing = True, False
+            found.append(_Step(e["case"]))
+        elif e["ev"] == "case_end":
+            inside = False
+        elif e["ev"] == "sync_start":
+            syncing = True
+        elif inside and e["ev"] == "enter" and e.get("call") in COLLECTIVES:
+            (found[-1].after if syncing else found[-1].during).append(e)
+        elif inside and e["ev"] == "enter" and e.get("call") == "wait":
+            found[-1].waits += 1
+    return found
+
+
+def _require_waited(step: _Step, where: str) -> None:
+    """Every asynchronous all_reduce of the step waited for before finish_gradient_synchronization() returned."""
+    launched = sum(bool(e.get("async_op")) for e in step.during + step.after)
+    require(step.waits >= launched, f"{where} started {launched} asynchronous all-reduces in a step and waited for "
+            f"{step.waits} of them before finish_gradient_synchronization() returned: optimizer.step() may read "
+            "gradients still being summed", "call handle.wait() on every handle in finish_gradient_synchronization()")
+
+
+def _by_rank(run: Run) -> dict[tuple[int, int], ProcessTrace]:
+    groups: dict[tuple[int, int], ProcessTrace] = {}
+    for trace in run.traces.values():
+        joined = [e for e in trace.named("exit") if e.get("call") == "init_process_group"]
+        if joined:
+            groups[(joined[0].get("world_size") or 0, joined[0].get("rank_joined") or 0)] = trace
+    return groups
+
+
+def _broadcast_before_training(trace: ProcessTrace) -> bool:
+    for e in trace.events:
+        if e["ev"] == "case_start":
+            return False
+        if e["ev"] == "enter" and e.get("call") in COLLECTIVES:
+            return True
+    return False
+
+
+def _require_all_waited(run: Run) -> None:
+    """Judged before the weights: a request not waited for makes the weights a race, wrong in one run
+    and right in the next, while the missing wait is there every time."""
+    for (world_size, rank), trace in sorted(_by_rank(run).items()):
+        for step in _steps(trace):
+            _require_waited(step, f"rank {rank} of {world_size}")
+
+
+def _judge_weights(run: Run, wrapper: str) -> list[tuple[DdpReport, ProcessTrace]]:
+    """The weights of every rank and case equal both references; returns each report with its trace."""
+    reports = _reports(run)
+    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
+    traces = _by_rank(run)
+    paired = []
+    for report in reports:
+        where = f"with {report.world_size} processes, rank {report.rank}"
+        require(report.error is None, f"{where}: {report.error}", f"make {wrapper} work")
+        trace = traces.get((report.world_size, report.rank))
+        for case in report.cases:
+            what = f"{wrapper}({'model' if case.bucket_size_mb is None else f'model, {case.bucket_size_mb * 1024:g} KB'})"
+            require(case.error is None, f"{where}, {what}: {case.error}", f"make {wrapper} work on any model: a "
+                    "frozen or unused parameter has no gradient (its grad is None), and takes no hook if frozen")
+            if case.from_single > TOLERANCE and trace is not None and not _broadcast_before_training(trace):
+                require(False, f"{where}: {what} trained other weights than one process on the whole batch "
+                        f"(by {case.from_single:.1e}); no collective ran before the first step, so each rank "
+                        "kept its own initial weights", "broadcast rank 0's parameters and buffers in __init__")
+            require(case.from_single <= TOLERANCE and case.from_ddp <= TOLERANCE,
+                    f"{where}: after 3 steps, {what} left weights {case.from_single:.1e} from one process trained on "
+                    f"the whole batch, and {case.from_ddp:.1e} from DistributedDataParallel (at most {TOLERANCE:g})",
+                    "every gradient must be the average over the processes: all-reduce (a sum), then divide "
+                    "by the world size, all before optimizer.step()")
+        if report.world_size == DDP_WORLD_SIZES[-1] and trace is not None:
+            paired.append((report, trace))
+    require(len({r.world_size for r in reports}) == len(DDP_WORLD_SIZES), f"the {run.name} ran only with "
+            f"{sorted({r.world_size for r in reports})} processes", f"make {wrapper} work")
+    return paired
+
+
+def check_naive_ddp(ws: Workspace) -> str:
+    """NaiveDDP on 2 and 3 processes: the same weights as one process on the whole batches and as
+    DistributedDataParallel, to 1e-6, after 3 steps on a model with a tied weight, a frozen layer and
+    an unused one (each rank initialised differently: the wrapper broadcasts rank 0's); each step
+    makes one collective per parameter that has a gradient (3 here; 5 when the unused layer's are
+    sent as zeros is accepted too)."""
+    run = _ddp_run(ws, "NaiveDDP")
+    for report, trace in _judge_weights(run, "NaiveDDP"):
+        for step in _steps(trace):
+            made = len(step.during) + len(step.after)
+            require(WITH_GRADIENT <= made <= TRAINABLE, f"rank {report.rank} of {report.world_size} made {made} "
+                    f"collectives in a step; the model has {WITH_GRADIENT} tensors with a gradient",
+                    "one all_reduce per parameter's gradient")
+    return (f"NaiveDDP trains the same weights as one process and as DDP on 2 and 3 processes, with one "
+            f"all_reduce per gradient ({WITH_GRADIENT} a step)")
+
+
+def check_overlap_ddp(ws: Workspace) -> str:
+    """OverlapDDP: NaiveDDP's weights and count, and every gradient's all_reduce started during
+    backward() (from a hook, as soon as that gradient was ready), none left for
+    finish_gradient_synchronization() to start."""
+    run = _ddp_run(ws, "OverlapDDP")
+    _require_all_waited(run)
+    for report, trace in _judge_weights(run, "OverlapDDP"):
+        for step in _steps(trace):
+            where = f"rank {report.rank} of {report.world_size}"
+            made = len(step.during) + len(step.after)
+            require(WITH_GRADIENT <= made <= TRAINABLE, f"{where} made {made} collectives in a step; the model has "
+                    f"{WITH_GRADIENT} tensors with a gradient", "one asynchronous all_reduce per parameter's gradient")
+            overlapped = [e for e in step.during if e.get("async_op")]
+            require(len(overlapped) >= WITH_GRADIENT, f"{where} started {len(overlapped)} of its {made} all-reduces "
+                    "asynchronously during backward(): "
+                    + ("they waited there, one by one" if len(step.during) >= WITH_GRADIENT else
+                       "the rest only in finish_gradient_synchronization()") + ": no overlap",
+                    "launch each all_reduce(..., async_op=True) from a register_post_accumulate_grad_hook, "
+                    "and only wait for them in finish_gradient_synchronization()")
+    return (f"OverlapDDP trains the same weights as DDP on 2 and 3 processes; its {WITH_GRADIENT} all-reduces "
+            "a step all start during backward()")
+
+
+def check_bucketed_ddp(ws: Workspace) -> str:
+    """BucketedDDP with buckets of 1 MB, 6 KB and 5 KB (1, 2 and 3 buckets for the course's model):
+    the same weights as one process and as DDP, to 1e-6, on 2 and 3 processes; each step makes one
+    all_reduce per bucket, of the sizes DDP's rule gives (parameters in reverse order, a new bucket
+    when the next would overflow it), and every bucket whose gradients all arrive starts its
+    all_reduce during backward()."""
+    run = _ddp_run(ws, "BucketedDDP", BUCKET_SIZES)
+    _require_all_waited(run)
+    for report, trace in _judge_weights(run, "BucketedDDP"):
+        expected = {c.case: c.buckets for c in report.cases}
+        for step in _steps(trace):
+            want = expected[step.case]
+            got = [e.get("numel") for e in step.during + step.after]
+            where = f"with buckets of {BUCKET_SIZES[step.case] * 1024:g} KB, rank {report.rank} of {report.world_size}"
+            require(sorted(got, key=lambda x: x or 0) == sorted(want),
+                    f"{where} all-reduced tensors of {got} elements in a step; DDP's buckets for this model "
+                    f"hold {want} (parameters in reverse order: the unused layer's, then hidden's, then the "
+                    "embedding's)", "fill buckets in reversed(parameters()) order, start a new one when the next "
+                    "parameter would overflow it, and all-reduce each bucket as one flat tensor")
+            overlapped = [e for e in step.during if e.get("async_op")]
+            require(len(overlapped) >= len(want) - 1, f"{where} started {len(overlapped)} of its {len(want)} "
+                    "bucket all-reduces asynchronously during backward(); only the bucket with the unused layer "
+                    "may wait for finish_gradient_synchronization()", "start a bucket's all_reduce "
+                    "(async_op=True) from the hook of the last of its gradients to arrive")
+    return ("BucketedDDP trains the same weights as DDP on 2 and 3 processes with 1, 2 and 3 buckets, one "
+            "all_reduce per bucket, started during backward()")

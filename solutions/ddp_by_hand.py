@@ -1,0 +1,217 @@
+"""Data parallelism by hand: three wrappers that do, step by step, what DistributedDataParallel does.
+
+    python exercises/ddp_by_hand.py --world-size 2        # each wrapper against DDP: weights and time
+
+Each wrapper holds a model. Every process runs the forward and backward pass on its own share
+of the batch; before optimizer.step(), the wrapper's finish_gradient_synchronization() must have
+left every gradient equal to the average over all processes (the gradient of the whole batch).
+
+- NaiveDDP: after backward(), one all_reduce per parameter's gradient, then divide.
+- OverlapDDP: an asynchronous all_reduce per parameter, launched from a hook as soon as that
+  gradient is ready, while backward() computes the others; finish waits for them all.
+- BucketedDDP: fewer, larger messages. Parameters are grouped into buckets of at most
+  bucket_size_mb, in reverse order (the order backward() produces their gradients); a bucket's
+  gradients are flattened into one tensor and all-reduced as soon as the last of them is ready.
+
+All three start by broadcasting rank 0's parameters and buffers, so that every process trains
+the same model. A parameter that is frozen (requires_grad=False) or unused in the forward pass
+has no gradient, and needs none.
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def broadcast_from_rank_0(module):
+    """Every process starts from rank 0's parameters and buffers."""
+    # TODO naive_ddp: broadcast every parameter and buffer from rank 0 (the wrappers all call this).
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+class NaiveDDP(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        broadcast_from_rank_0(module)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        # TODO naive_ddp: all_reduce each parameter's gradient (those that have one), then divide
+        # by the world size: the sum of the processes' gradients becomes their average.
+        world_size = dist.get_world_size()
+        for parameter in self.module.parameters():
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad)
+                parameter.grad /= world_size
+
+
+class OverlapDDP(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        broadcast_from_rank_0(module)
+        self.pending = []  # (handle, gradient) of the all-reduces launched during this backward
+        # TODO overlap_ddp: on every parameter that trains, register_post_accumulate_grad_hook a
+        # function that launches dist.all_reduce(parameter.grad, async_op=True) and keeps its handle.
+        for parameter in module.parameters():
+            if parameter.requires_grad:
+                parameter.register_post_accumulate_grad_hook(self._launch)
+
+    def _launch(self, parameter):
+        handle = dist.all_reduce(parameter.grad, async_op=True)  # returns at once; the sum arrives later
+        self.pending.append((handle, parameter.grad))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        # TODO overlap_ddp: wait for every handle, then divide each gradient by the world size.
+        world_size = dist.get_world_size()
+        for handle, gradient in self.pending:
+            handle.wait()
+            gradient /= world_size
+        self.pending = []
+
+
+class BucketedDDP(nn.Module):
+    def __init__(self, module, bucket_size_mb):
+        super().__init__()
+        self.module = module
+        broadcast_from_rank_0(module)
+        # TODO bucketed_ddp: group the parameters that train into buckets of at most
+        # bucket_size_mb megabytes (a larger parameter gets a bucket of its own), in the reverse
+        # of module.parameters()'s order; all-reduce a bucket, flattened, once all its gradients are in.
+        limit = bucket_size_mb * 1024 * 1024
+        self.buckets, size = [[]], 0
+        for parameter in reversed([p for p in module.parameters() if p.requires_grad]):
+            nbytes = parameter.numel() * parameter.element_size()
+            if self.buckets[-1] and size + nbytes > limit:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(parameter)
+            size += nbytes
+        self.bucket_of = {id(p): k for k, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)
+        self.pending = {}  # bucket -> (handle, flat gradients)
+        for parameter in module.parameters():
+            if parameter.requires_grad:
+                parameter.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def _gradient_ready(self, parameter):
+        k = self.bucket_of[id(parameter)]
+        self.ready[k] += 1
+        if self.ready[k] == len(self.buckets[k]):
+            self._launch(k)
+
+    def _launch(self, k):
+        gradients = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[k]]
+        flat = torch.cat([g.reshape(-1) for g in gradients])
+        self.pending[k] = (dist.all_reduce(flat, async_op=True), flat)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        # A bucket with an unused parameter never filled up: send it now (its missing gradients as zeros).
+        for k in range(len(self.buckets)):
+            if k not in self.pending:
+                self._launch(k)
+        world_size = dist.get_world_size()
+        for k, (handle, flat) in sorted(self.pending.items()):
+            handle.wait()
+            flat /= world_size
+            offset = 0
+            for parameter in self.buckets[k]:
+                piece = flat[offset:offset + parameter.numel()].view_as(parameter)
+                if parameter.grad is not None:
+                    parameter.grad.copy_(piece)
+                offset += parameter.numel()
+        self.pending, self.ready = {}, [0] * len(self.buckets)
+
+
+# The rest compares the three wrappers with DistributedDataParallel: the same weights after a few
+# steps, and how long a step takes.
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def train(model, sync, batches, rank, world_size, lr=0.05):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    start = time.perf_counter()
+    for images, labels in batches:
+        share = len(labels) // world_size
+        mine = slice(rank * share, (rank + 1) * share)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(images[mine]), labels[mine]).backward()
+        sync()
+        optimizer.step()
+    return (time.perf_counter() - start) / len(batches)
+
+
+def worker(rank, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(args.batch_size, 64, generator=generator),
+                torch.randint(0, 10, (args.batch_size,), generator=generator)) for _ in range(args.steps)]
+    reference = nn.parallel.DistributedDataParallel(make_model(0))
+    seconds = {"DDP": train(reference, lambda: None, batches, rank, args.world_size)}
+    differences = {"DDP": 0.0}
+    wrappers = {"NaiveDDP": lambda m: NaiveDDP(m), "OverlapDDP": lambda m: OverlapDDP(m),
+                "BucketedDDP": lambda m: BucketedDDP(m, args.bucket_size_mb)}
+    for name, wrap in wrappers.items():
+        model = wrap(make_model(rank))  # ranks other than 0 start elsewhere: the broadcast must fix that
+        seconds[name] = train(model, model.finish_gradient_synchronization, batches, rank, args.world_size)
+        difference = max((a - b).abs().max().item()
+                         for a, b in zip(model.module.parameters(), reference.module.parameters()))
+        differences[name] = difference
+        if rank == 0:
+            print(f"{name:12} largest difference from DDP's weights: {difference:.1e}   "
+                  f"{seconds[name] * 1000:6.2f} ms a step ({seconds[name] / seconds['DDP']:.2f} x DDP's "
+                  f"{seconds['DDP'] * 1000:.2f} ms)", flush=True)
+    if rank == 0 and args.json_file:  # for notebook 20's picture
+        with open(args.json_file, "w") as f:
+            json.dump({name: {"seconds": seconds[name], "difference": differences[name]} for name in seconds}, f)
+    dist.destroy_process_group()
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Three hand-made DDPs against DistributedDataParallel.")
+    parser.add_argument("--world-size", type=positive_int, default=2, help="processes to start")
+    parser.add_argument("--steps", type=positive_int, default=20)
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="the global batch")
+    parser.add_argument("--bucket-size-mb", type=float, default=0.25)
+    parser.add_argument("--json-file", help="also write each wrapper's time per step and difference here")
+    args = parser.parse_args()
+    if args.batch_size % args.world_size:
+        parser.error("--batch-size must divide by --world-size")
+    with socket.socket() as s:  # a free port for the process group
+        s.bind(("localhost", 0))
+        os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(s.getsockname()[1]))
+    mp.spawn(worker, args=(args,), nprocs=args.world_size)
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
 RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "scaling", "warmup", "lr", "speed", "ddp")
+        "scaling", "warmup", "lr", "speed", "ddp", "zero")
 
 
 def family(run_key: str) -> str:
@@ -135,6 +135,8 @@ ITEMS += [
          "exercises/ddp_by_hand.py", "solutions/ddp_by_hand.py", ("ddp",), inside.check_overlap_ddp, todo="overlap_ddp"),
     Item("bucketed_ddp", "DDP by hand: buckets", 3, INSIDE, "20_ddp_by_hand", "exercises/ddp_by_hand.py",
          "solutions/ddp_by_hand.py", ("ddp",), inside.check_bucketed_ddp, todo="bucketed_ddp"),
+    Item("zero", "ZeRO stage 1: a sharded optimizer", 3, INSIDE, "21_sharding", "exercises/sharded_optimizer.py",
+         "solutions/sharded_optimizer.py", ("zero",), inside.check_zero, todo="zero"),
 ]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
@@ -173,7 +175,9 @@ PARTS = [
                                          "solutions/slurm/srun_torchrun_per_node.sbatch")),
     Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[79]_*", ("solutions/speed_fixes.py",)),
-    Part(INSIDE, "Inside DDP: data parallelism by hand", "2[0-9]_*.ipynb", "20_*"),
+    Part(INSIDE, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
+         "2[01]_*", ("solutions/no_sync_accumulation.py", "solutions/fsdp_memory.py",
+                     "solutions/fashion_mnist_after_step_10.py")),  # whose WideResNet notebook 21 weighs
 ]
 PART = {part.id: part for part in PARTS}
 

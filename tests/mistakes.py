@@ -167,6 +167,8 @@ RING_WHOLE = """    passing, incoming, total = tensor.clone(), torch.empty_like(
 SAMPLER_SHUFFLE = ("            generator = torch.Generator().manual_seed(self.seed + self.epoch)\n"
                    "            order = torch.randperm(self.size, generator=generator).tolist()\n")
 OVERLAP_WAIT = "            handle.wait()\n            gradient /= world_size\n"
+ZERO_MINE = "        mine = [p for i, p in enumerate(self.params) if self.owner[i] == rank]\n"
+ZERO_SEND = "        for i, p in enumerate(self.params):\n            dist.broadcast(p.data, src=self.owner[i])\n"
 SAVE_GUARD = "    if dist.get_rank() == 0:\n        checkpoint = {\n"
 SAVE_ATOMIC = "        torch.save(checkpoint, temporary)\n        os.replace(temporary, path)\n"
 SAVE_BARRIER = "    dist.barrier()  # nobody goes on (or reads the file) before it is complete\n"
@@ -309,4 +311,27 @@ EXERCISE_MISTAKES = [
     Mistake("bucketed_size_in_elements", "bucketed_ddp", (
         ("            nbytes = parameter.numel() * parameter.element_size()\n",
          "            nbytes = parameter.numel()\n"),), "all-reduced tensors of"),
+    # sharded_optimizer.py
+    Mistake("zero_not_sharded", "zero", ((ZERO_MINE, "        mine = self.params\n"),), "held 100% of plain AdamW's"),
+    Mistake("zero_no_broadcast", "zero", ((ZERO_SEND, ""),), "kept the initial value"),
+    Mistake("zero_broadcast_from_rank_0", "zero", ((ZERO_SEND, ZERO_SEND.replace("src=self.owner[i]", "src=0")),),
+            "never changed on any rank"),
+    Mistake("zero_options_dropped", "zero", (("optimizer_cls(mine, **kwargs)", "optimizer_cls(mine)"),),
+            "from plain AdamW's after 3 steps"),
+    Mistake("zero_drops_the_last_shard_rest", "zero", (  # shards cut by count, the remainder forgotten
+        ("        self.owner = {}\n        owned = [0] * world_size\n"
+         "        for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):\n"
+         "            least = owned.index(min(owned))\n            self.owner[i] = least\n"
+         "            owned[least] += self.params[i].numel()\n",
+         "        per_rank = len(self.params) // world_size\n"
+         "        self.owner = {i: i // per_rank for i in range(per_rank * world_size)}\n"),
+        (ZERO_MINE, ZERO_MINE.replace("self.owner[i] == rank", "self.owner.get(i) == rank")),
+        (ZERO_SEND, "        for i, p in enumerate(self.params):\n            if i in self.owner:\n"
+                    "                dist.broadcast(p.data, src=self.owner[i])\n")), "never changed on any rank"),
+    Mistake("zero_shards_by_count", "zero", (  # round robin: balanced by number of tensors, not elements
+        ("        for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):\n"
+         "            least = owned.index(min(owned))\n            self.owner[i] = least\n"
+         "            owned[least] += self.params[i].numel()\n",
+         "        for i in range(len(self.params)):\n            self.owner[i] = i % world_size\n"),),
+            "rank 1 held 94% of plain AdamW's optimizer state"),
 ]

@@ -237,6 +237,34 @@ class DdpReport:
         return cls(data["world_size"], data["rank"], [DdpCase(**c) for c in data.get("cases", [])], data.get("error"))
 
 
+@dataclass
+class ZeroParam:
+    """One parameter after a learner's sharded optimizer trained (functions.py `zero`)."""
+
+    name: str
+    numel: int
+    from_reference: float             # largest |difference| from the unsharded optimizer trained alike
+    changed: bool                     # whether it moved from its initial value on this rank
+
+
+@dataclass
+class ZeroReport:
+    """What one rank of a zero run found: each parameter, and the optimizer state this rank held."""
+
+    world_size: int
+    rank: int
+    params: list[ZeroParam] = field(default_factory=list)
+    state_bytes: int = 0              # this rank's optimizer state (every torch.optim.Optimizer it kept)
+    full_state_bytes: int = 0         # the unsharded optimizer's state, trained alike
+    largest_state_bytes: int = 0      # the state of the largest parameter alone (a shard may hold it whole)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ZeroReport:
+        fields = {k: v for k, v in data.items() if k != "params"}
+        return cls(**fields, params=[ZeroParam(**p) for p in data.get("params", [])])
+
+
 Event = dict[str, Any]
 
 

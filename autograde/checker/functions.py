@@ -31,16 +31,23 @@ with the JSON arguments given (an object whose keys are all whole numbers become
 int keys: {N: seconds}), in order, and writes what each returned, or the error it raised, as a
 `CallsReport` in `DIR/1-0.json`.
 
+`zero`: every rank wraps the same model in DistributedDataParallel (which averages the
+gradients), trains it 3 steps with the file's `ShardedOptimizer(params, torch.optim.AdamW, **options)`
+and, beforehand, with plain AdamW, and records each parameter's difference from the plain run and
+the bytes of optimizer state the rank held (`ZeroReport`).
+
 Rank r of N processes writes what it found to `DIR/N-r.json` (a `RingReport`, a
 `SamplerReport` or a `CollectivesReport`).
 
-The processes use NCCL, one GPU each, where there are GPUs enough, else gloo on the CPU. The
+The processes use NCCL, one GPU each, where there are GPUs enough (`ddp` and `zero`: never),
+else gloo on the CPU. The
 checker never imports the learner's file itself: this module runs in processes of its own.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -53,10 +60,11 @@ from types import ModuleType
 from typing import Any, Callable
 
 from autograde.checker.formats import (Call, CallsReport, CollectivesReport, DdpCase, DdpReport, RingCase,
-                                       RingReport, SamplerCase, SamplerReport)
+                                       RingReport, SamplerCase, SamplerReport, ZeroParam, ZeroReport)
 from autograde.checker.harness import short_error
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
+CPU_TASKS = ("ddp", "zero")
 
 
 def _learner_module(script: str) -> ModuleType:
@@ -338,6 +346,92 @@ def _ddp(rank: int, options: argparse.Namespace, device: Any) -> DdpReport:
     return report
 
 
+# The sharded optimizer (ZeRO stage 1) of exercises/sharded_optimizer.py -----------------------------
+
+ZERO_STEPS, ZERO_OPTIONS = 3, {"lr": 0.01, "weight_decay": 0.1, "betas": (0.9, 0.95)}
+
+
+def zero_model(seed: int) -> Any:
+    """The model a sharded optimizer is tried on: 13 tensors (neither 2 nor 3 divides their number,
+    so a shard cut by count with a floor drops some) of very different sizes (so that shards by
+    count, not by size, are lopsided)."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(16, 64, bias=False)]
+    for _ in range(5):
+        layers += [nn.ReLU(), nn.Linear(64, 64)]
+    return nn.Sequential(*layers, nn.ReLU(), nn.Linear(64, 16))
+
+
+def optimizer_state_bytes(skip: tuple[Any, ...] = ()) -> int:
+    """The bytes of every tensor held in the state of every torch.optim.Optimizer alive in this
+    process (each tensor once, however many optimizers share it), except those in `skip`: where
+    the learner keeps it (an inner optimizer, a subclass, torch's ZeroRedundancyOptimizer) does
+    not matter."""
+    import gc
+
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.optim.Optimizer) and not any(obj is s for s in skip):
+            for state in obj.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value) and id(value) not in seen:
+                        seen.add(id(value))
+                        total += value.numel() * value.element_size()
+    return total
+
+
+def _zero(rank: int, options: argparse.Namespace, device: Any) -> ZeroReport:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from autograde.checker.tracer import emit
+
+    report = ZeroReport(options.world_size, rank)
+    n, share = options.world_size, DDP_BATCH_PER_RANK
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(n * share, 16, generator=generator), torch.randint(0, 16, (n * share,), generator=generator))
+               for _ in range(ZERO_STEPS)]
+    mine = slice(rank * share, (rank + 1) * share)
+
+    def train(model: Any, optimizer: Any) -> None:
+        for step, (x, y) in enumerate(batches):
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[mine]), y[mine]).backward()  # DDP averages the gradients
+            emit("case_start", case=step, world_size=n)
+            optimizer.step()
+            emit("case_end", case=step)
+
+    reference = DistributedDataParallel(zero_model(0))  # every rank the same: the unsharded optimizer
+    plain = torch.optim.AdamW(reference.parameters(), **ZERO_OPTIONS)  # type: ignore[arg-type]
+    train(reference, plain)
+    report.full_state_bytes = optimizer_state_bytes()
+    largest = max(reference.parameters(), key=lambda p: p.numel())
+    report.largest_state_bytes = sum(v.numel() * v.element_size() for v in plain.state[largest].values()
+                                     if torch.is_tensor(v))
+    wanted = [p.detach().clone() for p in reference.parameters()]
+    initial = [p.detach().clone() for p in zero_model(0).parameters()]
+    model = DistributedDataParallel(zero_model(0))
+    try:
+        sharded_cls = getattr(_learner_module(options.script), "ShardedOptimizer")
+        sharded = sharded_cls(model.parameters(), torch.optim.AdamW, **ZERO_OPTIONS)
+        train(model, sharded)
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+        return report
+    report.state_bytes = optimizer_state_bytes(skip=(plain,))
+    for (name, p), want, before in zip(model.module.named_parameters(), wanted, initial):
+        report.params.append(ZeroParam(name, p.numel(), float((p.detach() - want).abs().max()),
+                                       not torch.equal(p.detach(), before)))
+    return report
+
+
 def _json_value(value: Any) -> Any:
     """A learner's value (a prediction, what a function returned) as JSON: numbers (numpy and 0-d
     tensors too), lists (tuples, arrays, tensors), dicts with string keys; anything else as its repr."""
@@ -388,15 +482,18 @@ def _process(rank: int, options: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= options.world_size
+    # The hand-made DDPs and the sharded optimizer are judged on their arithmetic, with models
+    # on the CPU: gloo, even where there are GPUs.
+    on_gpu = (options.task not in CPU_TASKS and torch.cuda.is_available()
+              and torch.cuda.device_count() >= options.world_size)
     if on_gpu:
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
     dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=options.world_size,
                             timeout=GROUP_TIMEOUT)
     tasks: dict[str, Callable[[int, argparse.Namespace, Any],
-                              RingReport | SamplerReport | CollectivesReport | DdpReport]] = {
-        "ring": _ring, "sampler": _sampler, "collectives": _collectives, "ddp": _ddp}
+                              RingReport | SamplerReport | CollectivesReport | DdpReport | ZeroReport]] = {
+        "ring": _ring, "sampler": _sampler, "collectives": _collectives, "ddp": _ddp, "zero": _zero}
     report = tasks[options.task](rank, options, device)
     (Path(options.out) / f"{options.world_size}-{rank}.json").write_text(json.dumps(asdict(report)))
     if report.error is not None:
@@ -404,12 +501,16 @@ def _process(rank: int, options: argparse.Namespace) -> None:
         emit("crash", error=report.error)
         sys.stdout.flush()
         os._exit(1)  # the others may wait for this rank: they fail fast when its sockets close
+    if options.task in CPU_TASKS:  # they make DistributedDataParallel models
+        del report
+        gc.collect()  # the models freed before their process group: one that outlives it can abort at exit
+        dist.barrier()  # leave together: a rank that tears down gloo while another still talks to it can abort
     dist.destroy_process_group()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m autograde.checker.functions")
-    parser.add_argument("task", choices=["ring", "sampler", "collectives", "calls", "ddp"])
+    parser.add_argument("task", choices=["ring", "sampler", "collectives", "calls", "ddp", "zero"])
     parser.add_argument("--script", default="", help="the learner's file (collectives: optional, for its PREDICTIONS)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1])
     parser.add_argument("--calls", default="[]", help="calls: a JSON list of [function name, [arguments]]")

@@ -7,13 +7,18 @@ SGD steps on its share of each batch, and compares its weights with one process 
 whole batches and with DistributedDataParallel trained alike. The trace says which collectives
 each step made, how large, and whether they started during backward() or only in
 finish_gradient_synchronization().
+
+The sharded optimizer (ZeRO stage 1) of exercises/sharded_optimizer.py is tried by functions.py
+`zero` on 2 and 3 processes under DistributedDataParallel, against plain AdamW, and each rank's
+optimizer state is weighed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from autograde.checker.formats import DdpReport, Event, ProcessTrace
+from autograde.checker.formats import DdpReport, Event, ProcessTrace, ZeroReport
+from autograde.checker.functions import ZERO_STEPS
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.tracer import COLLECTIVES
 from autograde.checker.verdicts import require
@@ -195,3 +200,84 @@ def check_bucketed_ddp(ws: Workspace) -> str:
                     "(async_op=True) from the hook of the last of its gradients to arrive")
     return ("BucketedDDP trains the same weights as DDP on 2 and 3 processes with 1, 2 and 3 buckets, one "
             "all_reduce per bucket, started during backward()")
+
+
+# zero: ZeRO stage 1, a sharded optimizer ---------------------------------------------------------
+
+ZERO_WORLD_SIZES = (2, 3)
+STATE_SLACK = 1.02  # Adam's step counts, a few bytes per parameter, sit where their parameter does
+
+
+def _zero_reports(ws: Workspace) -> list[ZeroReport]:
+    sizes = [str(n) for n in ZERO_WORLD_SIZES]
+    run = ws.called(f"zero/{'-'.join(sizes)}", f"ShardedOptimizer on {' and '.join(sizes)} processes", "zero",
+                    ["--world-sizes", *sizes])
+    reports = sorted((ZeroReport.from_json(r) for r in (run.report or {}).get("ranks", [])),
+                     key=lambda r: (r.world_size, r.rank))
+    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
+    for r in reports:
+        require(r.error is None, f"with {r.world_size} processes, rank {r.rank}: {r.error}",
+                "ShardedOptimizer(params, optimizer_cls, **kwargs) must work with model.parameters() (a "
+                "generator), torch.optim.AdamW and its options; step() must update the model")
+    require({r.world_size for r in reports} == set(ZERO_WORLD_SIZES), f"the {run.name} ran only with "
+            f"{sorted({r.world_size for r in reports})} processes", "make ShardedOptimizer work with any world size")
+    return reports
+
+
+def _judge_zero_weights(group: list[ZeroReport]) -> None:
+    """Every rank's every parameter equals plain AdamW's. The first fault named is the root one: a
+    parameter that moved on no rank (dropped from every shard, or its update overwritten) makes
+    every other one drift too; then one that moved on some ranks only (not sent to the others);
+    then one updated wrongly."""
+    n = group[0].world_size
+
+    def what(k: int) -> str:
+        return f"with {n} processes, parameter {group[0].params[k].name} ({group[0].params[k].numel} elements)"
+
+    indices = range(len(group[0].params))
+    require(any(p.changed for r in group for p in r.params), f"with {n} processes, step() changed no parameter on "
+            "any rank", "each rank's optimizer_cls(...) must update its own shard, and every parameter then go "
+            "from its owner to the others")
+    for k in indices:
+        moved = [r.rank for r in group if r.params[k].changed]
+        require(bool(moved), f"{what(k)} never changed on any rank: no shard held it, or its owner's update was "
+                "overwritten", "every parameter must belong to exactly one rank's shard (the last ones too), and "
+                "go from that owner to the others: dist.broadcast(p.data, src=owner)")
+        stale = [r.rank for r in group if not r.params[k].changed]
+        require(not stale, f"{what(k)} changed on rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} "
+                f"only; rank{'s' if len(stale) > 1 else ''} {', '.join(map(str, stale))} kept the initial value",
+                "after its owner's optimizer step, send each parameter to every rank: "
+                "dist.broadcast(p.data, src=owner)")
+    for k in indices:
+        worst = max(group, key=lambda r: r.params[k].from_reference)
+        require(worst.params[k].from_reference <= TOLERANCE, f"{what(k)} is {worst.params[k].from_reference:.1e} "
+                f"from plain AdamW's after {ZERO_STEPS} steps on rank {worst.rank} (at most {TOLERANCE:g})",
+                "its owner must update it with optimizer_cls(..., **kwargs), all the options passed on, and "
+                "send it from the owner (src=owner, not 0)")
+
+
+def check_zero(ws: Workspace) -> str:
+    """ShardedOptimizer on 2 and 3 processes, under DistributedDataParallel: after 3 AdamW steps
+    (lr, weight decay and betas passed as options), every rank's every parameter equals plain
+    AdamW's to 1e-6; and each rank holds at most 1/N of plain AdamW's optimizer state plus the
+    state of the largest parameter (a shard of whole parameters cannot always be split evenly),
+    counted in every torch.optim.Optimizer alive in the rank's process, wherever the learner keeps it."""
+    reports = _zero_reports(ws)
+    shares: dict[int, list[float]] = {}
+    for n in ZERO_WORLD_SIZES:
+        group = [r for r in reports if r.world_size == n]
+        _judge_zero_weights(group)
+        for r in group:
+            require(r.state_bytes > 0, f"with {n} processes, rank {r.rank} kept no optimizer state the checker "
+                    "could find", "keep each shard's state in the optimizer that optimizer_cls(...) makes "
+                    "(self.optimizer = optimizer_cls(my_params, **kwargs))")
+            share = r.state_bytes / r.full_state_bytes
+            limit = (r.full_state_bytes / n + r.largest_state_bytes) * STATE_SLACK
+            require(r.state_bytes <= limit, f"with {n} processes, rank {r.rank} held {share:.0%} of plain AdamW's "
+                    f"optimizer state ({r.state_bytes / 1024:.1f} of {r.full_state_bytes / 1024:.1f} KB); a shard "
+                    f"is about {1 / n:.0%} (at most {limit / r.full_state_bytes:.0%} here, whole parameters)",
+                    "make optimizer_cls over this rank's own parameters only, and balance the shards by "
+                    "number of elements, not by number of parameters")
+        shares[n] = [r.state_bytes / r.full_state_bytes for r in group]
+    held = "; ".join(f"on {n}, each rank held {min(s):.0%}-{max(s):.0%}" for n, s in shares.items())
+    return (f"ShardedOptimizer trains the same weights as plain AdamW on 2 and 3 processes; optimizer state: {held}")

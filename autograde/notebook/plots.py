@@ -647,3 +647,47 @@ def against_ddp(times: dict[str, float], reference: str = "DDP") -> Figure:
     ax.set_title(f"each against {reference}, measured in one run")
     fig.tight_layout()
     return _finish(fig)
+
+
+def zero_stages(memory: dict[str, dict[str, float]], title: str) -> Figure:
+    """Per-process memory by ZeRO stage (notebook.inside.zero_memory): a stacked bar of parameters,
+    gradients and optimizer state for each stage, in MB or GB."""
+    stages = list(memory)
+    kinds = list(next(iter(memory.values())))
+    largest = max(sum(m.values()) for m in memory.values())
+    unit, scale = ("GB", 1024 ** 3) if largest >= 1024 ** 3 else ("MB", 1024 ** 2)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    bottom = [0.0] * len(stages)
+    for k, kind in enumerate(kinds):
+        values = [memory[s][kind] / scale for s in stages]
+        ax.bar(range(len(stages)), values, bottom=bottom, color=RANK_COLOURS[k], label=kind)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, total in enumerate(bottom):
+        ax.text(x, total, f"{total:.3g} {unit}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(stages)), stages)
+    ax.set_ylabel(f"{unit} per process")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def state_shares(runs: dict[int, list[float]]) -> Figure:
+    """Each rank's share of the unsharded optimizer state, measured, for each number of processes,
+    beside the even share 1/N."""
+    sizes = sorted(runs)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for n in sizes:
+        for rank, share in enumerate(runs[n]):
+            ax.scatter(n, share * 100, color=RANK_COLOURS[rank % 10], zorder=3, label=f"rank {rank}" if n == max(
+                sizes, key=lambda m: len(runs[m])) else None)
+    ax.plot(sizes, [100 / n for n in sizes], color="grey", linestyle="--", label="1/N")
+    ax.set_xticks(sizes)
+    ax.set_xlabel("processes (N)")
+    ax.set_ylabel("% of the unsharded state")
+    ax.set_ylim(bottom=0)
+    ax.set_title("optimizer state per rank, measured")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return _finish(fig)

@@ -19,6 +19,7 @@ has no gradient, and needs none.
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -133,6 +134,11 @@ def worker(rank, args):
     if rank == 0 and args.json_file:  # for notebook 20's picture
         with open(args.json_file, "w") as f:
             json.dump({name: {"seconds": seconds[name], "difference": differences[name]} for name in seconds}, f)
+    # Free DDP and the wrappers (their hooks make reference cycles, hence gc) before the process
+    # group: one that outlives the group can abort the process at exit.
+    del reference, model
+    gc.collect()
+    dist.barrier()  # leave together: a rank that tears down gloo while another still talks to it can abort
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ ZeRO stage 1 cuts that state into shards, one per process:
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -108,7 +109,10 @@ def worker(rank, args):
             with open(args.json_file, "w") as f:
                 json.dump({"world_size": args.world_size, "plain_state_bytes": whole, "param_bytes": params,
                            "ranks": found}, f)
-    del plain_model, model  # free DDP before its process group: one that outlives the group can abort at exit
+    # Free the models (DDP's hooks can make reference cycles, hence gc) before the process group:
+    # one that outlives the group can abort the process at exit.
+    del plain_model, model
+    gc.collect()
     dist.barrier()  # leave together: a rank that tears down gloo while another still talks to it can abort
     dist.destroy_process_group()
 

@@ -14,6 +14,7 @@ This script trains the same model both ways on N processes, prints what each pro
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -97,7 +98,10 @@ def worker(rank, args):
         if args.json_file:  # for notebook 21's picture
             with open(args.json_file, "w") as f:
                 json.dump({"world_size": args.world_size, "ranks": found, "difference": difference}, f)
-    del ddp, sharded  # free both before their process group: one that outlives the group can abort at exit
+    # Free the models (DDP's hooks can make reference cycles, hence gc) before the process group:
+    # one that outlives the group can abort the process at exit.
+    del ddp, sharded
+    gc.collect()
     dist.barrier()  # leave together: a rank that tears down gloo while another still talks to it can abort
     dist.destroy_process_group()
 

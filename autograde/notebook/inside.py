@@ -29,7 +29,7 @@ SHARDED_BY_STAGE = {"DDP": (), "ZeRO-1": ("optimizer",), "ZeRO-2": ("optimizer",
                     "ZeRO-3 (FSDP)": ("optimizer", "gradients", "parameters")}
 
 
-def _json_run(script: str, *args: str, timeout: float = 300) -> dict[str, Any]:
+def json_run(script: str, *args: str, timeout: float = 300) -> dict[str, Any]:
     """Runs a course script with `args` and `--json-file`; returns what it wrote there."""
     with tempfile.TemporaryDirectory(prefix="ddp-lab-inside-") as folder:
         out = Path(folder) / "found.json"
@@ -41,7 +41,7 @@ def _json_run(script: str, *args: str, timeout: float = 300) -> dict[str, Any]:
 def compare(world_size: int = 2, steps: int | None = None, script: str = BY_HAND) -> dict[str, Any]:
     """Runs the exercise's own program: each wrapper trains beside DistributedDataParallel on
     `world_size` processes; returns rank 0's {wrapper: {"seconds": per step, "difference": from DDP}}."""
-    return _json_run(script, "--world-size", str(world_size), "--steps", str(steps or (10 if lab.QUICK else 50)))
+    return json_run(script, "--world-size", str(world_size), "--steps", str(steps or (10 if lab.QUICK else 50)))
 
 
 def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[str]]:
@@ -52,18 +52,18 @@ def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[str]]:
 def no_sync(world_size: int = 2, accumulate: int = 4) -> dict[str, Any]:
     """Accumulation over `accumulate` micro-batches, with and without no_sync(): all-reduces per step and
     the weights' largest difference from one process on the big batch (solutions/no_sync_accumulation.py)."""
-    return _json_run(NO_SYNC, "--world-size", str(world_size), "--accumulate", str(accumulate))
+    return json_run(NO_SYNC, "--world-size", str(world_size), "--accumulate", str(accumulate))
 
 
 def sharded(world_size: int = 2, script: str = SHARDED) -> dict[str, Any]:
     """Runs the sharded optimizer's program: each rank's optimizer state (bytes) and its weights'
     difference from plain AdamW, with `world_size` processes."""
-    return _json_run(script, "--world-size", str(world_size))
+    return json_run(script, "--world-size", str(world_size))
 
 
 def fsdp(world_size: int = 2) -> dict[str, Any]:
     """What each rank holds under DDP and under FSDP (fully_shard), and their weights' difference."""
-    return _json_run(FSDP, "--world-size", str(world_size))
+    return json_run(FSDP, "--world-size", str(world_size))
 
 
 def parameter_count(model: Any) -> int:

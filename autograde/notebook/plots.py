@@ -691,3 +691,66 @@ def state_shares(runs: dict[int, list[float]]) -> Figure:
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     return _finish(fig)
+
+
+def tensor_split(world_size: int = 2) -> Figure:
+    """A linear layer's weight (out x in) cut two ways among `world_size` ranks: by rows for the
+    column split (each rank makes some outputs: all-gather them), by columns for the row split
+    (each rank makes a partial sum of every output: all-reduce them)."""
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, (title, by_rows, after) in zip(axes, [("column split: W cut by output features", True, "all-gather"),
+                                                  ("row split: W cut by input features", False, "all-reduce")]):
+        for r in range(world_size):
+            box = (Rectangle((0, r / world_size), 1, 1 / world_size) if by_rows
+                   else Rectangle((r / world_size, 0), 1 / world_size, 1))
+            box.set_facecolor(RANK_COLOURS[r % 10])
+            box.set_alpha(0.55)
+            box.set_edgecolor("black")
+            ax.add_patch(box)
+            x, y = ((0.5, (r + 0.5) / world_size) if by_rows else ((r + 0.5) / world_size, 0.5))
+            ax.text(x, y, f"rank {r}", ha="center", va="center", fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(1, 0)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_xlabel("input features")
+        ax.set_ylabel("output features")
+        ax.set_title(f"{title}\nthen {after}", fontsize=9)
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def pipeline_timeline(stages: dict[str, list[Any]], title: str = "") -> Figure:
+    """A Gantt chart of a pipeline step: one row per stage, a box per micro-batch's forward (light)
+    and backward (dark), labelled with the micro-batch; the white gaps are the bubble."""
+    fig, ax = plt.subplots(figsize=(8, 0.8 * len(stages) + 1.2))
+    for row, (rank, events) in enumerate(sorted(stages.items(), key=lambda kv: int(kv[0]))):
+        for kind, m, start, end in events:
+            colour = RANK_COLOURS[m % 10]
+            ax.barh(row, (end - start) * 1000, left=start * 1000, color=colour, alpha=0.45 if kind == "forward" else 0.95,
+                    edgecolor="black", linewidth=0.5)
+            ax.text((start + end) / 2 * 1000, row, f"{'F' if kind == 'forward' else 'B'}{m}", ha="center",
+                    va="center", fontsize=7)
+    ax.set_yticks(range(len(stages)), [f"stage {r}" for r in sorted(stages, key=int)])
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds into the step")
+    ax.set_title(title or "one pipeline step: F = forward, B = backward of micro-batch k")
+    fig.tight_layout()
+    return _finish(fig)
+
+
+def bubbles(measured: dict[int, float], ideal: dict[int, float]) -> Figure:
+    """The idle share of a pipeline step by number of micro-batches, measured and GPipe's (S-1)/(M+S-1)."""
+    ms = sorted(measured)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot(ms, [measured[m] * 100 for m in ms], marker="o", label="measured")
+    ax.plot(ms, [ideal[m] * 100 for m in ms], linestyle="--", color="grey", label="(S-1)/(M+S-1)")
+    ax.set_xticks(ms)
+    ax.set_xlabel("micro-batches (M)")
+    ax.set_ylabel("% of the step idle")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("the bubble shrinks as the micro-batches grow")
+    fig.tight_layout()
+    return _finish(fig)

@@ -177,7 +177,7 @@ PARTS = [
          "1[7-9]_*.ipynb", "1[79]_*", ("solutions/speed_fixes.py",)),
     Part(INSIDE, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
          "2[01]_*", ("solutions/no_sync_accumulation.py", "solutions/fsdp_memory.py", "solutions/model_parallel.py",
-                     "solutions/fashion_mnist_after_step_10.py")),  # whose WideResNet notebook 21 weighs
+                     "solutions/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
 ]
 PART = {part.id: part for part in PARTS}
 

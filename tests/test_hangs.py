@@ -1,0 +1,54 @@
+"""Debugging hangs (notebook 23): solutions/hangs.py really hangs, and the notebook's helpers find
+where each rank waits (py-spy, and faulthandler without it), read TORCH_DISTRIBUTED_DEBUG=DETAIL's
+verdict, and leave no process behind. That each fix finishes is proved by the notebook itself,
+which runs all three under nbval (tests/test_notebooks.py) and fails on a launch that fails."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autograde import launch
+from autograde.notebook import hangs
+from conftest import ROOT
+
+SCRIPT = ROOT / hangs.SCRIPT
+
+
+def _hangs_running() -> list[int]:
+    """Live processes that a launch of this test started (each carries its launch's mark)."""
+    own = os.environ.get(launch.MARK)
+    return [pid for state, _, _, pid, mark in launch._processes() if mark and mark != own and state != "Z"]
+
+
+def test_a_barrier_on_rank_0_alone_is_found_where_each_rank_waits() -> None:
+    stacks = hangs.where_they_wait("one_rank_collective", settle=3)
+    assert hangs.waiting_line(stacks[0]).startswith("in barrier (")
+    assert hangs.waiting_line(stacks[1]).startswith("in all_reduce (")
+    assert all("(hangs.py:" in hangs.waiting_line(frames) for frames in stacks.values())
+    assert not _hangs_running()
+
+
+def test_without_py_spy_faulthandler_gives_the_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hangs, "_py_spy", lambda: None)
+    stacks = hangs.where_they_wait("uneven_batches", settle=3)
+    assert hangs.waiting_line(stacks[0]).startswith("in barrier (")
+    assert any("backward" in frame for frame in stacks[1]), stacks[1]  # rank 1: its extra batch's backward()
+    assert not _hangs_running()
+
+
+def test_detail_names_the_collectives_the_ranks_disagree_on() -> None:
+    said = hangs.detail("early_stop_rank0")
+    assert said.startswith("Detected mismatch between collectives on ranks") and "Rank 0" in said and "Rank 1" in said, said
+
+
+def test_a_run_that_does_not_hang_is_said_in_one_line() -> None:
+    with pytest.raises(hangs.HangError, match="ended by itself"):
+        hangs.where_they_wait("none", settle=30)
+    assert not _hangs_running()
+
+
+def test_the_fix_for_uneven_batches_needs_ddp() -> None:
+    result = launch.run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
+    assert result.returncode == 2 and "Join" in result.stderr and "Traceback" not in result.output, result.output

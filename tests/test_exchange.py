@@ -1,8 +1,10 @@
 """The instructor's path end to end through nbgrader's real exchange, with the commands the README
 gives (Instructors): `make release`, `make release-exchange`, two learners who fetch, work and
 submit with nbgrader's own command line, `make collect`, `make grade`, `make return-feedback`, and
-the learners fetching their feedback. Alice hands in the finished solution, Bob the untouched
-starter: 20 and 0 of 20 points, read back from the export and from the feedback they fetched.
+the learners fetching their feedback. Alice hands in the finished solution, Bob a script done
+through Step 5: 20 and 8 of 20 points, read back from the export and from the feedback they
+fetched. (tests/test_course.py grades the same script copied straight into submitted/, so that
+Bob's runs are verdicts kept from there: the checks run each script and layout once.)
 
 The exchange is a temporary folder (`EXCHANGE=...`, nbgrader's Exchange.root). Both learners are
 the same OS user here, and nbgrader names a submission after the OS login (its get_username reads
@@ -25,10 +27,11 @@ from nbgrader.validator import Validator
 from traitlets.config import Config
 
 from autograde import course, launch, registry
-from conftest import ROOT, SOLUTION, STARTER
+from conftest import ROOT, SOLUTION, snapshot
 
-LEARNERS = {"alice": SOLUTION, "bob": STARTER}
+LEARNERS = {"alice": SOLUTION, "bob": snapshot(5)}
 POINTS = sum(item.points for item in registry.ITEMS if item.part == registry.LAB)
+BOB = sum(item.points for item in registry.ITEMS if item.part == registry.LAB and item.id in ("0", "1", "2", "3", "4", "5"))
 
 
 def make(target: str, course_dir: Path, timeout: float, **variables: str) -> str:
@@ -130,13 +133,13 @@ def test_collect_files_each_submission_under_its_learner(graded: Course) -> None
 
 
 def test_scores_from_the_export(graded: Course) -> None:
-    assert course.grades(graded.root / "grades.csv") == {"alice": POINTS, "bob": 0}
+    assert course.grades(graded.root / "grades.csv") == {"alice": POINTS, "bob": BOB} and BOB == 8
 
 
 def test_grade_prints_the_scores_and_the_steps_lost(graded: Course) -> None:
     log = graded.grade_log
     assert re.search(r"^alice +20/20 +none$", log, re.M), log[-3000:]
-    assert re.search(r"^bob +0/20 +0 1 2 3 4 5 6 6\.5 7 8 9 10$", log, re.M), log[-3000:]
+    assert re.search(r"^bob +8/20 +6 6\.5 7 8 9 10$", log, re.M), log[-3000:]
 
 
 def test_grade_leaves_known_harmless_warnings_out(graded: Course) -> None:
@@ -152,7 +155,7 @@ def test_grade_leaves_known_harmless_warnings_out(graded: Course) -> None:
 
 def test_the_learners_fetch_their_own_feedback_with_their_scores(graded: Course) -> None:
     step_notebooks = sorted(registry.PART[registry.LAB].graded_notebooks)
-    for name, expected in {"alice": POINTS, "bob": 0}.items():
+    for name, expected in {"alice": POINTS, "bob": BOB}.items():
         pages = fetched_feedback(graded.learners[name])
         assert sorted(pages) == step_notebooks
         scores = [re.search(r"\(Score: ([\d.]+) / ([\d.]+)\)", page) for page in pages.values()]
@@ -162,22 +165,22 @@ def test_the_learners_fetch_their_own_feedback_with_their_scores(graded: Course)
 
 
 def test_feedback_shows_the_whole_verdict_hint_included(graded: Course) -> None:
-    page = fetched_feedback(graded.learners["bob"])["03_steps_0_to_2"]
+    page = fetched_feedback(graded.learners["bob"])["05_step_6_sampler"]
     errors = [text(block) for block in re.findall(r'<div class="[^"]*output_error[^"]*">(.*?)</div>', page, re.S)]
-    (step_0,) = [e for e in errors if e.startswith("Step 0 ")]
-    assert re.fullmatch(r"Step 0 FAIL observed: the script does not import torch\.distributed "
-                        r"hint: .*import torch\.distributed.*", step_0), step_0
+    (step_6,) = [e for e in errors if e.startswith("Step 6 ")]
+    assert re.fullmatch(r"Step 6 FAIL observed: .*RandomSampler, not a DistributedSampler "
+                        r"hint: .*sampler=.*", step_6), step_6
     # every failing check shows its verdict, not the checker's frames
     assert errors and all(e.startswith("Step ") and "Traceback" not in e and 'File "' not in e for e in errors), errors
 
 
 def test_a_learner_validates_with_nbgraders_api(graded: Course) -> None:
     """`nbgrader validate` exits 0 whatever it finds: its Python API says what failed (in Bob's
-    folder, the starter, whose verdicts grading has kept: the kernel's start is most of the time)."""
-    (notebook,) = (graded.learners["bob"].work / registry.LAB).glob("03_*.ipynb")
+    folder, whose verdicts grading has kept: the kernel's start is most of the time)."""
+    (notebook,) = (graded.learners["bob"].work / registry.LAB).glob("05_*.ipynb")
     failed = Validator(config=Config({"Execute": {"timeout": 900}})).validate(str(notebook))["failed"]
-    assert [cell["source"].split(" (")[0] for cell in failed] == ["# Check Step 0", "# Check Step 1", "# Check Step 2"]
-    assert "does not import torch.distributed" in failed[0]["raw_error"]
+    assert [cell["source"].split(" (")[0] for cell in failed] == ["# Check Step 6", "# Check Step 6.5"]
+    assert "not a DistributedSampler" in failed[0]["raw_error"]
 
 
 def test_exchange_commands_without_an_exchange_folder_say_what_to_do(tmp_path: Path) -> None:

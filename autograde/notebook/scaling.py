@@ -73,8 +73,10 @@ def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCR
         logs[n] = out / f"{kind}-{n}.jsonl"
         logs[n].unlink(missing_ok=True)
         options, env = run_options()
-        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 3), target_accuracy=0, patience=NEVER,
-                                 batch_size=batch, **options)
+        # quick mode: weak scaling's time per step from one epoch (strong scaling's fit leaves the first out)
+        quick_epochs = 1 if kind == "weak" else 2
+        args = lab.training_args(epochs=epochs or (quick_epochs if lab.QUICK else 3), target_accuracy=0,
+                                 patience=NEVER, batch_size=batch, **options)
         print(f"--- {kind} scaling, {n} process(es), batch {batch} per process ---")
         launching.torchrun(script, *args, "--log-file", str(logs[n]), nproc=n, env=env)
     return logs
@@ -199,7 +201,7 @@ def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> 
         log = folder / f"run-{i}.jsonl"
         print(f"--- {name} ---")
         cpu, env = run_options()
-        args = lab.training_args(epochs=epochs or (3 if lab.QUICK else 6), target_accuracy=0, patience=NEVER,
+        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 6), target_accuracy=0, patience=NEVER,
                                  base_lr=BASE_LR, **cpu)
         launching.torchrun(script, *args, *options, "--log-file", str(log), nproc=n, env=env)
         logs[name] = read_log(log)

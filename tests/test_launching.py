@@ -6,6 +6,9 @@ recordings in tests/test_checks_recorded.py; here the things that only a launch 
 from __future__ import annotations
 
 import os
+import queue
+import re
+import threading
 import time
 from pathlib import Path
 
@@ -85,17 +88,24 @@ def test_a_launch_that_is_stopped_takes_torchruns_workers_with_it(tmp_path: Path
     program.write_text("import os, time\nprint('worker', os.getpid(), flush=True)\ntime.sleep(300)\n")
     proc = launch.start([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          program], merge_stderr=True)
-    workers: list[int] = []
-    deadline = time.monotonic() + 60
+    lines: queue.Queue[str] = queue.Queue()  # read in a thread: readline() alone would ignore the deadline
     assert proc.stdout is not None
-    while len(workers) < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("worker"):
-            workers.append(int(line.split()[1]))
-    assert len(workers) == 2
-    assert all(os.getsid(w) != os.getsid(proc.pid) for w in workers), "torchrun's workers share the launch's session"
-    launch.kill_group(proc.pid)
-    proc.wait()
+    threading.Thread(target=lambda out: [lines.put(line) for line in out], args=(proc.stdout,), daemon=True).start()
+    output: list[str] = []
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:
+            try:
+                output.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+            workers += [int(pid) for pid in re.findall(r"worker (\d+)", output[-1])]
+        assert len(workers) == 2, f"torchrun's workers did not both start within 60 s: {''.join(output)[-3000:]}"
+        assert all(os.getsid(w) != os.getsid(proc.pid) for w in workers), "torchrun's workers share the launch's session"
+    finally:
+        launch.kill_group(proc.pid)
+        proc.wait()
     time.sleep(0.5)
     alive = [w for w in workers if _alive(w)]
     assert not alive, f"workers left running: {alive}"

@@ -85,7 +85,9 @@ def test_a_launch_that_is_stopped_takes_torchruns_workers_with_it(tmp_path: Path
     """torchrun starts each worker in a session of its own, outside the launch's process group;
     the launch's mark (launch.MARK) still finds them when the launch is stopped."""
     program = tmp_path / "sleeper.py"
-    program.write_text("import os, time\nprint('worker', os.getpid(), flush=True)\ntime.sleep(300)\n")
+    # One write(2) per line: launches set PYTHONUNBUFFERED, under which print() writes its pieces one by one
+    # and the two workers' lines can interleave ("workerworker  76107611").
+    program.write_text("import os, time\nos.write(1, f'worker {os.getpid()}\\n'.encode())\ntime.sleep(300)\n")
     proc = launch.start([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          program], merge_stderr=True)
     lines: queue.Queue[str] = queue.Queue()  # read in a thread: readline() alone would ignore the deadline

@@ -144,7 +144,13 @@ def main():
     with socket.socket() as s:  # a free port for the process group
         s.bind(("localhost", 0))
         os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(s.getsockname()[1]))
-    mp.spawn(worker, args=(args,), nprocs=args.world_size)
+    try:
+        mp.spawn(worker, args=(args,), nprocs=args.world_size)
+    except mp.ProcessRaisedException as error:
+        # A rank's collective gave up after --timeout seconds (or DETAIL caught the mismatch first):
+        # its error's last line says which, in place of the whole traceback.
+        last = str(error).strip().splitlines()[-1]
+        raise SystemExit(f"hangs.py: rank {error.error_index} stopped waiting: {last}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ which runs all three under nbval (tests/test_notebooks.py) and fails on a launch
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,13 @@ def test_a_run_that_does_not_hang_is_said_in_one_line() -> None:
 def test_the_fix_for_uneven_batches_needs_ddp() -> None:
     result = launch.run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
     assert result.returncode == 2 and "Join" in result.stderr and "Traceback" not in result.output, result.output
+
+
+def test_a_hang_that_times_out_ends_in_one_line() -> None:
+    """The README's `--bug uneven_batches --timeout N`: the job hangs until the process group gives
+    up, then says which rank stopped waiting and why in one line, not a traceback per rank."""
+    result = launch.run_python(SCRIPT, "--world-size", "2", "--bug", "uneven_batches", "--timeout", "5", timeout=90)
+    assert result.returncode == 1 and not result.timed_out and "Traceback" not in result.output, result.output[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("hangs.py:")]
+    assert re.fullmatch(r"hangs\.py: rank [01] stopped waiting: .*Timed out waiting 5000ms.*", line), line
+    assert not _hangs_running()

@@ -219,7 +219,7 @@ class DdpCase:
     bucket_size_mb: float | None      # BucketedDDP's argument (None: the wrapper takes none)
     from_single: float                # largest |difference| from one process trained on the whole batch
     from_ddp: float                   # largest |difference| from DistributedDataParallel trained alike
-    buckets: list[int]                # the numels of the buckets DDP's rule makes, in the order they fill
+    bucket_plans: list[list[int]]     # the numels of the buckets each correct rule makes (functions.bucket_plans)
     error: str | None = None          # what the learner's code raised
 
 

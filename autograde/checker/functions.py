@@ -256,15 +256,21 @@ def ddp_model(seed: int) -> Any:
     return Awkward()
 
 
-def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[tuple[str, int]]]:
-    """DDP's buckets for `model`, each a list of (parameter name, numel): the trainable parameters
-    in reverse order, a new bucket whenever the next would make the current one larger than
-    bucket_size_mb (a parameter larger than that alone in one)."""
-    limit, size = bucket_size_mb * 1024 * 1024, 0.0
+MEGABYTES = (1024 * 1024, 1000 * 1000)  # a megabyte as DDP counts it (bucket_cap_mb), and as the SI does
+
+
+def bucket_plan(model: Any, bucket_size_mb: float, megabyte: int = MEGABYTES[0],
+                past_the_size: bool = False) -> list[list[tuple[str, int]]]:
+    """Buckets of `model`, each a list of (parameter name, numel), as the exercise asks: the trainable
+    parameters in reverse order, a new bucket whenever the next would make the current one larger
+    than bucket_size_mb (a parameter larger than that alone in one). `past_the_size`: DDP's own
+    reducer's rule instead, which closes a bucket once it reaches the size, so that its last
+    parameter may take it past."""
+    limit, size = bucket_size_mb * megabyte, 0.0
     buckets: list[list[tuple[str, int]]] = [[]]
     for name, p in reversed([(n, p) for n, p in model.named_parameters() if p.requires_grad]):
         nbytes = p.numel() * p.element_size()
-        if buckets[-1] and size + nbytes > limit:
+        if buckets[-1] and (size >= limit if past_the_size else size + nbytes > limit):
             buckets.append([])
             size = 0.0
         buckets[-1].append((name, p.numel()))
@@ -272,9 +278,17 @@ def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[tuple[str, int]]
     return buckets
 
 
-def ddp_buckets(model: Any, bucket_size_mb: float) -> list[int]:
-    """The numels of DDP's buckets for `model` (bucket_plan), in the order they fill."""
-    return [sum(numel for _, numel in bucket) for bucket in bucket_plan(model, bucket_size_mb)]
+def bucket_plans(model: Any, bucket_size_mb: float) -> list[list[int]]:
+    """The numels of the buckets of every correct reading of "buckets of bucket_size_mb" (the
+    exercise's rule or DDP's reducer's, a megabyte of 2**20 bytes or of 10**6), each in the order they
+    fill; the exercise's own first. Every one of them is reverse order, one bucket per all_reduce."""
+    plans: list[list[int]] = []
+    for past_the_size in (False, True):
+        for megabyte in MEGABYTES:
+            plan = [sum(n for _, n in b) for b in bucket_plan(model, bucket_size_mb, megabyte, past_the_size)]
+            if plan not in plans:
+                plans.append(plan)
+    return plans
 
 
 def _ddp_batches(world_size: int) -> list[tuple[Any, Any]]:
@@ -324,7 +338,7 @@ def _ddp(rank: int, options: argparse.Namespace, device: Any) -> DdpReport:
     for case, bucket_size_mb in enumerate(options.bucket_sizes or [None]):
         model = ddp_model(rank)  # ranks other than 0 start elsewhere: the wrapper must broadcast rank 0's
         found = DdpCase(case, bucket_size_mb, float("inf"), float("inf"),
-                        ddp_buckets(model, bucket_size_mb) if bucket_size_mb is not None else [])
+                        bucket_plans(model, bucket_size_mb) if bucket_size_mb is not None else [])
         try:
             wrapped = wrapper(model) if bucket_size_mb is None else wrapper(model, bucket_size_mb)
 

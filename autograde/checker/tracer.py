@@ -208,17 +208,33 @@ def _patch_point_to_point(dist: Any) -> None:
         return original_batch(p2p_op_list)
 
     dist.batch_isend_irecv = batch_isend_irecv
-    original_wait = dist.Work.wait
+    _patch_waits(dist)
 
-    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _script or os.path.abspath(sys._getframe(1).f_code.co_filename) != _script:
-            return original_wait(self, *args, **kwargs)  # torch's own (dist.send waits on its isend)
-        emit("enter", call="wait")
-        result = original_wait(self, *args, **kwargs)
-        emit("exit", call="wait")
-        return result
 
-    dist.Work.wait = wait
+def _patch_waits(dist: Any) -> None:
+    """A wait made by the learner's own code is a call ("wait", one per request waited for): a
+    request's wait(), and the same wait through its future (`work.get_future().wait()`,
+    `torch.futures.wait_all(futures)`). Waits made inside torch (dist.send waits on its isend) are not."""
+    import torch
+
+    def traced(original: Callable[..., Any], count: Callable[..., int] = lambda *args: 1) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not _script or os.path.abspath(sys._getframe(1).f_code.co_filename) != _script:
+                return original(*args, **kwargs)
+            waited = count(*args, **kwargs)
+            for _ in range(waited):
+                emit("enter", call="wait")
+            result = original(*args, **kwargs)
+            for _ in range(waited):
+                emit("exit", call="wait")
+            return result
+        return wrapper
+
+    dist.Work.wait = traced(dist.Work.wait)
+    torch._C.Future.wait = traced(torch._C.Future.wait)  # type: ignore[method-assign]  # work.get_future()'s
+    torch.futures.Future.wait = traced(torch.futures.Future.wait)  # type: ignore[method-assign]
+    torch.futures.wait_all = functools.wraps(torch.futures.wait_all)(  # one wait per future of the list
+        traced(torch.futures.wait_all, lambda futures: len(futures) if hasattr(futures, "__len__") else 1))
 
 
 def record_parameters(when: str = "end") -> None:

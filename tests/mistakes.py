@@ -302,6 +302,11 @@ EXERCISE_MISTAKES = [
          "        self.pending.append((handle, parameter.grad))\n",
          "        dist.all_reduce(parameter.grad)\n        self.pending.append((None, parameter.grad))\n"),
         (OVERLAP_WAIT, "            gradient /= world_size\n")), "they waited there, one by one"),
+    Mistake("overlap_only_rank_0_sends", "overlap_ddp", (  # the others never answer: the checker stops the hang
+        ("        handle = dist.all_reduce(parameter.grad, async_op=True)  # returns at once; the sum arrives later\n"
+         "        self.pending.append((handle, parameter.grad))\n",
+         "        if dist.get_rank() == 0:\n            handle = dist.all_reduce(parameter.grad, async_op=True)\n"
+         "            self.pending.append((handle, parameter.grad))\n"),), "deadlocked (nothing happened for"),
     Mistake("bucketed_forward_order", "bucketed_ddp", (
         ("        for parameter in reversed([p for p in module.parameters() if p.requires_grad]):\n",
          "        for parameter in [p for p in module.parameters() if p.requires_grad]:\n"),), "all-reduced tensors of"),

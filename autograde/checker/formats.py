@@ -331,5 +331,5 @@ def read(trace_dir: Path) -> dict[int, ProcessTrace]:
 def where(event: Event) -> str:
     """`dist.barrier()` at line 170, or without the line where it is not known."""
     line = event.get("line")
-    call = "the wait() of an isend/irecv request" if event.get("call") == "wait" else f"dist.{event.get('call')}()"
+    call = "the wait() of a request (async_op=True, isend or irecv)" if event.get("call") == "wait" else f"dist.{event.get('call')}()"
     return call + (f" (line {line})" if line else "")

@@ -21,7 +21,7 @@ from autograde.checker.formats import DdpReport, Event, ProcessTrace, ZeroReport
 from autograde.checker.functions import ZERO_STEPS
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.tracer import COLLECTIVES
-from autograde.checker.verdicts import require
+from autograde.checker.verdicts import require, run_ok
 
 DDP_WORLD_SIZES = (2, 3)
 TOLERANCE = 1e-6    # the same sums in another order differ by about 1e-7 here; a missing division by 0.1
@@ -98,7 +98,11 @@ def _broadcast_before_training(trace: ProcessTrace) -> bool:
 
 def _require_all_waited(run: Run) -> None:
     """Judged before the weights: a request not waited for makes the weights a race, wrong in one run
-    and right in the next, while the missing wait is there every time."""
+    and right in the next, while the missing wait is there every time. A run that hung is judged by
+    where each rank waited first: its counts of requests and waits are only the symptom."""
+    if run.stalled or any(r.timed_out for r in run.results):
+        run_ok(run, "every rank must make the same all-reduces in the same order: one for every gradient "
+               "(or bucket) on every rank, whatever the rank")
     for (world_size, rank), trace in sorted(_by_rank(run).items()):
         for step in _steps(trace):
             _require_waited(step, f"rank {rank} of {world_size}")

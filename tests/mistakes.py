@@ -321,6 +321,9 @@ EXERCISE_MISTAKES = [
     Mistake("zero_no_broadcast", "zero", ((ZERO_SEND, ""),), "kept the initial value"),
     Mistake("zero_broadcast_from_rank_0", "zero", ((ZERO_SEND, ZERO_SEND.replace("src=self.owner[i]", "src=0")),),
             "never changed on any rank"),
+    Mistake("zero_only_the_owner_broadcasts", "zero", (  # a broadcast is a collective: every rank calls it
+        (ZERO_SEND, "        for i, p in enumerate(self.params):\n            if self.owner[i] == dist.get_rank():\n"
+                    "                dist.broadcast(p.data, src=self.owner[i])\n"),), "deadlocked (nothing happened for"),
     Mistake("zero_options_dropped", "zero", (("optimizer_cls(mine, **kwargs)", "optimizer_cls(mine)"),),
             "from plain AdamW's after 3 steps"),
     Mistake("zero_drops_the_last_shard_rest", "zero", (  # shards cut by count, the remainder forgotten

@@ -96,13 +96,21 @@ def _broadcast_before_training(trace: ProcessTrace) -> bool:
     return False
 
 
+BY_HAND_COLLECTIVES = "one all_reduce for every gradient (or bucket)"
+
+
+def _require_no_hang(run: Run, collectives: str) -> None:
+    """A run that hung is judged by where each rank waited (the deadlock report): what else it left,
+    no report or requests half made, is only the symptom."""
+    if run.stalled or any(r.timed_out for r in run.results):
+        run_ok(run, f"every rank must make the same collectives in the same order, whatever its rank: {collectives}")
+
+
 def _require_all_waited(run: Run) -> None:
     """Judged before the weights: a request not waited for makes the weights a race, wrong in one run
     and right in the next, while the missing wait is there every time. A run that hung is judged by
     where each rank waited first: its counts of requests and waits are only the symptom."""
-    if run.stalled or any(r.timed_out for r in run.results):
-        run_ok(run, "every rank must make the same all-reduces in the same order: one for every gradient "
-               "(or bucket) on every rank, whatever the rank")
+    _require_no_hang(run, BY_HAND_COLLECTIVES)
     for (world_size, rank), trace in sorted(_by_rank(run).items()):
         for step in _steps(trace):
             _require_waited(step, f"rank {rank} of {world_size}")
@@ -111,6 +119,7 @@ def _require_all_waited(run: Run) -> None:
 def _judge_weights(run: Run, wrapper: str) -> list[tuple[DdpReport, ProcessTrace]]:
     """The weights of every rank and case equal both references; returns each report with its trace."""
     reports = _reports(run)
+    _require_no_hang(run, BY_HAND_COLLECTIVES)
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     traces = _by_rank(run)
     paired = []
@@ -219,6 +228,7 @@ def _zero_reports(ws: Workspace) -> list[ZeroReport]:
                     ["--world-sizes", *sizes])
     reports = sorted((ZeroReport.from_json(r) for r in (run.report or {}).get("ranks", [])),
                      key=lambda r: (r.world_size, r.rank))
+    _require_no_hang(run, "after the step, a broadcast of every parameter from its owner")
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     for r in reports:
         require(r.error is None, f"with {r.world_size} processes, rank {r.rank}: {r.error}",

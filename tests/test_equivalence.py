@@ -1,16 +1,18 @@
-"""The lab's central claim, on 2 real gloo processes: DDP with batch b per process is one process with batch 2b."""
+"""The lab's central claim, on 2 real gloo processes: DDP with batch b per process is one process with batch 2b.
+And the one thing the tests forgive such a launch: gloo's rare abort as a process leaves (conftest.run_script)."""
 from __future__ import annotations
 
 import re
+import signal
+from pathlib import Path
 
-from autograde import launch
-from conftest import ROOT
+from conftest import ROOT, TEARDOWN_ABORT, run_script
 
 SCRIPT = ROOT / "exercises" / "big_batch_equivalence.py"
 
 
 def difference(*args: str) -> float:
-    result = launch.run_python(SCRIPT, "--processes", "2", "--batch-size", "8", "--steps", "5", *args, timeout=120)
+    result = run_script(SCRIPT, "--processes", "2", "--batch-size", "8", "--steps", "5", *args, timeout=120)
     assert result.returncode == 0, result.output
     match = re.search(r"largest relative difference between the weights: (\S+)", result.stdout)
     assert match, result.stdout
@@ -24,3 +26,26 @@ def test_ddp_with_batch_b_equals_one_process_with_batch_2b() -> None:
 def test_batchnorm_in_training_mode_breaks_the_equivalence() -> None:
     # Each process normalises with the statistics of its own 8 samples, not of all 16.
     assert difference("--batchnorm") > 1e-3
+
+
+def _aborts_first(tmp_path: Path, message: str) -> Path:
+    """A script that ends its first run as gloo's teardown abort does (or with `message`), then succeeds."""
+    script = tmp_path / "leaves.py"
+    script.write_text(
+        "import os, sys\n"
+        f"mark = {str(tmp_path / 'ran')!r}\n"
+        "if not os.path.exists(mark):\n"
+        "    open(mark, 'w').close()\n"
+        f"    sys.stderr.write({message!r} + '\\n'); sys.stderr.flush(); os.abort()\n"
+        "print('done')\n")
+    return script
+
+
+def test_a_teardown_abort_is_made_again_once(tmp_path: Path) -> None:
+    result = run_script(_aborts_first(tmp_path, TEARDOWN_ABORT), timeout=30)
+    assert result.returncode == 0 and result.stdout == "done\n", result.output
+
+
+def test_any_other_failure_stands(tmp_path: Path) -> None:
+    result = run_script(_aborts_first(tmp_path, "Assertion failed: weights differ"), timeout=30)
+    assert result.returncode == -signal.SIGABRT and "weights differ" in result.stderr, result.output

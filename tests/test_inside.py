@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
 from autograde.notebook import inside, plots
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 
 def _launched(script: str, tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "found.json"
-    result = launch.run_python(ROOT / script, *args, "--json-file", out, timeout=180)
+    result = run_script(ROOT / script, *args, "--json-file", out, timeout=180)
     assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
     found: dict = json.loads(out.read_text())
     return found

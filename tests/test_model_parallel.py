@@ -7,17 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
 from autograde.notebook import model_parallel, plots
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 SCRIPT = ROOT / model_parallel.SCRIPT
 
 
 def test_every_split_matches_the_unsplit_computation_and_the_pipeline_fills_then_drains(tmp_path: Path) -> None:
     out = tmp_path / "found.json"
-    result = launch.run_python(SCRIPT, "--world-size", "2", "--micro-batches", "4", "--batch-size", "64",
-                               "--width", "64", "--json-file", out, timeout=120)
+    result = run_script(SCRIPT, "--world-size", "2", "--micro-batches", "4", "--batch-size", "64",
+                        "--width", "64", "--json-file", out, timeout=120)
     assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
     found = json.loads(out.read_text())
     assert set(found["differences"]) == {"column", "row", "pipeline"}
@@ -34,7 +33,7 @@ def test_every_split_matches_the_unsplit_computation_and_the_pipeline_fills_then
 
 
 def test_three_processes_split_a_layer_but_not_the_two_stage_pipeline() -> None:
-    result = launch.run_python(SCRIPT, "--world-size", "3", timeout=60)
+    result = run_script(SCRIPT, "--world-size", "3", timeout=60)
     assert result.returncode == 2 and "the pipeline has 2 stages" in result.stderr, result.output
 
 

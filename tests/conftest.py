@@ -82,21 +82,15 @@ def reference_metrics(script: Path, weights: dict[str, torch.Tensor], root: Path
     return loss_sum / len(val_set), correct / len(val_set)
 
 
-# gloo can abort a process as it leaves, after the script's work is done and its process group
-# destroyed: a C++ worker thread still joinable, std::terminate ("terminate called without an
-# active exception"; pytorch/pytorch#190489 and #179291). Seen once in a CI run of the suite (rank 1
-# of big_batch_equivalence.py), never in 115 runs of that script here, 75 of them 3 at a time.
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
 def run_script(script: str | Path, *args: str | Path, timeout: float,
                env: dict[str, str] | None = None) -> launch.Result:
     """Launch one of the course's multi-process scripts, as `launch.run_python` does, and make the
-    run once more if, and only if, gloo aborted a process with TEARDOWN_ABORT: the script's doing
-    is judged by what its run printed, which such an abort takes away. Any other failure stands.
-    (The checker does the same for learners' runs: a process killed by a signal it did not send.)"""
+    run once more if, and only if, gloo aborted a process as it left (`launch.aborted_leaving`):
+    the script's doing is judged by what its run printed, which such an abort takes away. Any
+    other failure stands. (The checker does the same for learners' runs, and `lab.run` in the
+    notebooks: a process killed by a signal nobody in it sent.)"""
     result = launch.run_python(script, *args, timeout=timeout, env=env)
-    if result.returncode != 0 and TEARDOWN_ABORT in result.stderr:
+    if launch.aborted_leaving(result.returncode, result.output):
         result = launch.run_python(script, *args, timeout=timeout, env=env)
     return result
 

@@ -1,12 +1,17 @@
 """The lab's central claim, on 2 real gloo processes: DDP with batch b per process is one process with batch 2b.
-And the one thing the tests forgive such a launch: gloo's rare abort as a process leaves (conftest.run_script)."""
+And the one thing the tests and the notebooks forgive such a launch: gloo's rare abort as a process leaves
+(launch.aborted_leaving; conftest.run_script, lab.run)."""
 from __future__ import annotations
 
 import re
 import signal
 from pathlib import Path
 
-from conftest import ROOT, TEARDOWN_ABORT, run_script
+import pytest
+
+from autograde import launch
+from autograde.notebook import lab
+from conftest import ROOT, run_script
 
 SCRIPT = ROOT / "exercises" / "big_batch_equivalence.py"
 
@@ -42,10 +47,20 @@ def _aborts_first(tmp_path: Path, message: str) -> Path:
 
 
 def test_a_teardown_abort_is_made_again_once(tmp_path: Path) -> None:
-    result = run_script(_aborts_first(tmp_path, TEARDOWN_ABORT), timeout=30)
+    result = run_script(_aborts_first(tmp_path, launch.TEARDOWN_ABORT), timeout=30)
     assert result.returncode == 0 and result.stdout == "done\n", result.output
 
 
 def test_any_other_failure_stands(tmp_path: Path) -> None:
     result = run_script(_aborts_first(tmp_path, "Assertion failed: weights differ"), timeout=30)
     assert result.returncode == -signal.SIGABRT and "weights differ" in result.stderr, result.output
+
+
+def test_a_notebook_cell_makes_it_again_once_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = lab.run([launch.PYTHON, _aborts_first(tmp_path, launch.TEARDOWN_ABORT)], timeout=30)
+    assert text.endswith("done\n") and "running it once more" in capsys.readouterr().out
+
+
+def test_a_notebook_cell_fails_on_any_other_abort(tmp_path: Path) -> None:
+    with pytest.raises(lab.LaunchError, match="weights differ"):
+        lab.run([launch.PYTHON, _aborts_first(tmp_path, "Assertion failed: weights differ")], timeout=30)

@@ -119,8 +119,24 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
     """Run `command`, print its output as it comes, and return it; raise LaunchError when it fails.
 
     The command gets its own process group, which is killed at the end, at the time limit or
-    when the cell is interrupted, so that no training process outlives the cell.
+    when the cell is interrupted, so that no training process outlives the cell. A run that
+    failed only because gloo aborted a process as it left (`launch.aborted_leaving`) is made
+    once more, and the cell says so.
     """
+    returncode, seen = _run_once(command, timeout, echo, env, cwd)
+    if launch.aborted_leaving(returncode, "".join(seen)):
+        print("(gloo aborted a process as it left: a rare PyTorch bug, pytorch/pytorch#190489, not this "
+              "script's doing; running it once more)", flush=True)
+        returncode, seen = _run_once(command, timeout, echo, env, cwd)
+    if returncode != 0:
+        last = next((line.strip() for line in reversed(seen) if line.strip()), "(no output)")
+        raise LaunchError(f"exit status {returncode}: {last}")
+    return "".join(seen)
+
+
+def _run_once(command: Sequence[str | Path], timeout: float | None, echo: bool,
+              env: dict[str, str] | None, cwd: str | Path | None) -> tuple[int, list[str]]:
+    """One run of `command` for `run`: its exit status and its lines of output."""
     limit = timeout if timeout is not None else (600.0 if QUICK else 24 * 3600.0)
     cmd = [str(c) for c in command]
     proc = launch.start(cmd, env=env, cwd=cwd, merge_stderr=True)
@@ -145,11 +161,7 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
     finally:
         launch.kill_group(proc.pid)
         proc.wait()
-    text = "".join(seen)
-    if proc.returncode != 0:
-        last = next((line.strip() for line in reversed(seen) if line.strip()), "(no output)")
-        raise LaunchError(f"exit status {proc.returncode}: {last}")
-    return text
+    return proc.returncode, seen
 
 
 def _pump(stream: object, lines: "queue.Queue[str | None]") -> None:

@@ -31,11 +31,21 @@ BUCKET_SIZES = (1.0, 6 / 1024, 5 / 1024)
 WITH_GRADIENT, TRAINABLE = 3, 5  # tensors that get a gradient each step (the tied one once); that train
 
 
+def _require_no_hang(run: Run, collectives: str) -> None:
+    """A run that hung is judged by where each rank waited (the deadlock report): what else it left,
+    no report or requests half made, is only the symptom."""
+    if run.stalled or any(r.timed_out for r in run.results):
+        run_ok(run, f"every rank must make the same collectives in the same order, whatever its rank: {collectives}")
+
+
 def _ddp_run(ws: Workspace, wrapper: str, buckets: tuple[float, ...] = ()) -> Run:
+    """The wrapper's run, judged first for a hang: before its waits, its weights or its collectives."""
     sizes = [str(n) for n in DDP_WORLD_SIZES]
     extra = ["--bucket-sizes", *map(str, buckets)] if buckets else []
-    return ws.called(f"ddp/{wrapper}", f"{wrapper} on {' and '.join(sizes)} processes", "ddp",
-                     ["--world-sizes", *sizes, "--wrapper", wrapper, *extra])
+    run = ws.called(f"ddp/{wrapper}", f"{wrapper} on {' and '.join(sizes)} processes", "ddp",
+                    ["--world-sizes", *sizes, "--wrapper", wrapper, *extra])
+    _require_no_hang(run, "one all_reduce for every gradient (or bucket)")
+    return run
 
 
 def _reports(run: Run) -> list[DdpReport]:
@@ -96,21 +106,9 @@ def _broadcast_before_training(trace: ProcessTrace) -> bool:
     return False
 
 
-BY_HAND_COLLECTIVES = "one all_reduce for every gradient (or bucket)"
-
-
-def _require_no_hang(run: Run, collectives: str) -> None:
-    """A run that hung is judged by where each rank waited (the deadlock report): what else it left,
-    no report or requests half made, is only the symptom."""
-    if run.stalled or any(r.timed_out for r in run.results):
-        run_ok(run, f"every rank must make the same collectives in the same order, whatever its rank: {collectives}")
-
-
 def _require_all_waited(run: Run) -> None:
     """Judged before the weights: a request not waited for makes the weights a race, wrong in one run
-    and right in the next, while the missing wait is there every time. A run that hung is judged by
-    where each rank waited first: its counts of requests and waits are only the symptom."""
-    _require_no_hang(run, BY_HAND_COLLECTIVES)
+    and right in the next, while the missing wait is there every time."""
     for (world_size, rank), trace in sorted(_by_rank(run).items()):
         for step in _steps(trace):
             _require_waited(step, f"rank {rank} of {world_size}")
@@ -119,7 +117,6 @@ def _require_all_waited(run: Run) -> None:
 def _judge_weights(run: Run, wrapper: str) -> list[tuple[DdpReport, ProcessTrace]]:
     """The weights of every rank and case equal both references; returns each report with its trace."""
     reports = _reports(run)
-    _require_no_hang(run, BY_HAND_COLLECTIVES)
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     traces = _by_rank(run)
     paired = []

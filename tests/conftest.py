@@ -85,12 +85,12 @@ def reference_metrics(script: Path, weights: dict[str, torch.Tensor], root: Path
 def run_script(script: str | Path, *args: str | Path, timeout: float,
                env: dict[str, str] | None = None) -> launch.Result:
     """Launch one of the course's multi-process scripts, as `launch.run_python` does, and make the
-    run once more if, and only if, gloo aborted a process as it left (`launch.aborted_leaving`):
-    the script's doing is judged by what its run printed, which such an abort takes away. Any
-    other failure stands. (The checker does the same for learners' runs, and `lab.run` in the
-    notebooks: a process killed by a signal nobody in it sent.)"""
+    run once more if, and only if, gloo itself made it fail (`launch.gloo_fault`: a process
+    aborted as it left, a connection lost as the processes met): the script's doing is judged by
+    what its run printed, which such a failure takes away. Any other failure stands. (The
+    notebooks' `lab.run` does the same, and the checker for learners' runs.)"""
     result = launch.run_python(script, *args, timeout=timeout, env=env)
-    if launch.aborted_leaving(result.returncode, result.output):
+    if result.returncode != 0 and launch.gloo_fault(result.output):
         result = launch.run_python(script, *args, timeout=timeout, env=env)
     return result
 

@@ -68,9 +68,11 @@ class Run:
 
     def outside_cause(self) -> str | None:
         """Why this run ended for a reason outside the learner's code, if it did: a process killed
-        by a signal that the checker did not send, the time limit (a busy machine), or a port that
-        someone else took. Such a run says nothing about the script and is made again."""
-        if self.stalled or any(t.named("crash") for t in self.traces.values()):
+        by a signal that the checker did not send, the time limit (a busy machine), a port that
+        someone else took, or gloo itself (`launch.gloo_fault`; where processes crashed, only
+        when every crash is gloo's). Such a run says nothing about the script and is made again."""
+        crashes = [e["error"] for t in self.traces.values() for e in t.named("crash")]
+        if self.stalled or not all(launch.gloo_fault(error) for error in crashes):
             return None  # a deadlock the checker stopped, or an error in the script: the script's own
         if any(r.timed_out for r in self.results):
             return f"it ran out of time ({TIME_LIMIT:.0f} s; the machine may be busy)"
@@ -82,7 +84,7 @@ class Run:
                 return f"a process that mp.spawn started was killed by signal {e['signal']}"
         if any(text in self.output.lower() for text in ("address already in use", "eaddrinuse")):
             return "a port it was given was taken by another program"
-        return None
+        return None if self.ok else launch.gloo_fault("\n".join([self.output, *crashes]))
 
     def problem(self) -> str | None:
         """One sentence on what went wrong in this run, or None."""

@@ -21,6 +21,7 @@ from autograde.checker import api, output
 from autograde import data, launch, paths
 QUICK = os.environ.get("DDP_LAB_QUICK", "") not in ("", "0")
 QUICK_SIZE = (1024, 256)  # training and validation images of the quick mode's stand-in
+SHOWN_ON_FAILURE = 30  # lines of a hidden output (echo=False) that a failed run shows
 
 
 class LaunchError(RuntimeError):
@@ -120,15 +121,19 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
 
     The command gets its own process group, which is killed at the end, at the time limit or
     when the cell is interrupted, so that no training process outlives the cell. A run that
-    failed only because gloo aborted a process as it left (`launch.aborted_leaving`) is made
-    once more, and the cell says so.
+    failed only because of gloo itself (`launch.gloo_fault`: a process aborted as it left,
+    a connection lost as the processes met) is made once more, and the cell says so. A failed
+    run whose output was not shown (`echo=False`) shows its last lines, so that the cell says
+    what happened.
     """
     returncode, seen = _run_once(command, timeout, echo, env, cwd)
-    if launch.aborted_leaving(returncode, "".join(seen)):
-        print("(gloo aborted a process as it left: a rare PyTorch bug, pytorch/pytorch#190489, not this "
-              "script's doing; running it once more)", flush=True)
+    why = launch.gloo_fault("".join(seen)) if returncode != 0 else None
+    if why:
+        print(f"({why}: a rare PyTorch fault, not this script's doing; running it once more)", flush=True)
         returncode, seen = _run_once(command, timeout, echo, env, cwd)
     if returncode != 0:
+        if not echo:
+            print("".join(seen[-SHOWN_ON_FAILURE:]), end="", flush=True)
         last = next((line.strip() for line in reversed(seen) if line.strip()), "(no output)")
         raise LaunchError(f"exit status {returncode}: {last}")
     return "".join(seen)

@@ -11,7 +11,7 @@ import torch
 
 from autograde import launch
 from autograde.checker import output
-from conftest import QUICK, SOLUTION, TRAIN_SIZE, probe_env, reference_metrics
+from conftest import QUICK, SOLUTION, TRAIN_SIZE, probe_env, reference_metrics, run_script
 
 TWO_EPOCHS = [*QUICK[:-1], "2"]
 
@@ -37,8 +37,8 @@ def assert_trained_one_model(stdout: str, probe_dir: Path, world_size: int, stan
 
 
 def test_two_processes_train_one_model(stand_in: Path, tmp_path: Path) -> None:
-    result = launch.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *TWO_EPOCHS,
-                               "--master-port", str(launch.free_port()), timeout=240, env=probe_env(tmp_path))
+    result = run_script(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *TWO_EPOCHS,
+                       "--master-port", str(launch.free_port()), timeout=240, env=probe_env(tmp_path))
     assert result.returncode == 0, result.output
     assert_trained_one_model(result.stdout, tmp_path, 2, stand_in)
     assert not result.leftover
@@ -60,8 +60,8 @@ def test_two_nodes_started_together_train_one_model(stand_in: Path, tmp_path: Pa
 
 
 def test_sync_bn_on_cpu_says_so_and_goes_on(stand_in: Path, tmp_path: Path) -> None:
-    result = launch.run_python(SOLUTION, "--num-gpus", "2", "--sync-bn", "--data-dir", stand_in, *QUICK,
-                               "--master-port", str(launch.free_port()), timeout=240)
+    result = run_script(SOLUTION, "--num-gpus", "2", "--sync-bn", "--data-dir", stand_in, *QUICK,
+                       "--master-port", str(launch.free_port()), timeout=240)
     assert result.returncode == 0, result.output
     notes = [line for line in result.output.splitlines() if "--sync-bn" in line]
     assert len(notes) == 1 and "needs GPUs" in notes[0], result.output
@@ -71,9 +71,9 @@ def test_sync_bn_on_cpu_says_so_and_goes_on(stand_in: Path, tmp_path: Path) -> N
 def test_early_stopping_is_decided_together(stand_in: Path, tmp_path: Path) -> None:
     # Any accuracy reaches a target of 0: every rank must stop after epoch 1, together. A rank
     # that decided alone would leave the other waiting in a collective until the time limit.
-    result = launch.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK[:-2], "--epochs", "5",
-                               "--target-accuracy", "0", "--patience", "1",
-                               "--master-port", str(launch.free_port()), timeout=120)
+    result = run_script(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK[:-2], "--epochs", "5",
+                       "--target-accuracy", "0", "--patience", "1",
+                       "--master-port", str(launch.free_port()), timeout=120)
     assert result.returncode == 0, result.output
     assert [e.epoch for e in output.epochs(result.stdout)] == [1]
     assert result.stdout.count("stopping") == 1

@@ -43,6 +43,17 @@ def test_the_tests_make_such_a_run_once_more(tmp_path: Path, fault: tuple[str, s
     assert result.returncode == 0 and result.stdout == "done\n", result.output
 
 
+def test_what_the_first_run_recorded_is_gone_when_it_is_made_again(tmp_path: Path) -> None:
+    """A test that reads files the processes write (each rank's weights, who printed what) reads the second run's."""
+    records = tmp_path / "records"
+    records.mkdir()
+    script = _fails_first(tmp_path, MESH[0], "sys.exit(1)")
+    script.write_text(f"import os\nopen(os.path.join({str(records)!r}, str(os.getpid())), 'w').close()\n"
+                      + script.read_text())
+    result = run_script(script, timeout=30, records=[records])
+    assert result.returncode == 0 and len(list(records.iterdir())) == 1, result.output
+
+
 def test_any_other_failure_stands(tmp_path: Path) -> None:
     result = run_script(_fails_first(tmp_path, "Assertion failed: weights differ", "os.abort()"), timeout=30)
     assert result.returncode == -signal.SIGABRT and "weights differ" in result.stderr, result.output

@@ -28,7 +28,7 @@ from torchvision.transforms import ToTensor
 from autograde import course, launch, registry
 from autograde.checker import api
 from autograde.checker.verdicts import Result
-from conftest import PROBE, QUICK, TRAIN_SIZE
+from conftest import PROBE, QUICK, TRAIN_SIZE, run_script
 
 STYLES_DIR = Path(__file__).resolve().parent / "styles"
 STYLES = sorted(STYLES_DIR.glob("*.py"))
@@ -139,10 +139,10 @@ def test_style_trains_for_real(path: Path, stand_in: Path, tmp_path: Path) -> No
     for folder in (site, prints, weights):
         folder.mkdir()
     (site / "sitecustomize.py").write_text(RECORDER.format(probe=str(PROBE / "sitecustomize.py"), prints=str(prints)))
-    result = launch.run_python(path, "--num-gpus", "2", *QUICK, "--data-dir", stand_in,
-                               "--master-port", str(launch.free_port()), timeout=240,
-                               env={"PYTHONPATH": str(site), "DDP_LAB_PROBE_DIR": str(weights),
-                                    "CUDA_VISIBLE_DEVICES": ""})  # gloo on the CPU, whatever the machine has
+    result = run_script(path, "--num-gpus", "2", *QUICK, "--data-dir", stand_in,
+                        "--master-port", str(launch.free_port()), timeout=240, records=[prints, weights],
+                        env={"PYTHONPATH": str(site), "DDP_LAB_PROBE_DIR": str(weights),
+                             "CUDA_VISIBLE_DEVICES": ""})  # gloo on the CPU, whatever the machine has
     assert result.returncode == 0 and not result.timed_out, result.output
     assert not result.leftover, "processes were left running"
 

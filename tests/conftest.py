@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pytest
 import torch
@@ -85,18 +85,23 @@ def reference_metrics(script: Path, weights: dict[str, torch.Tensor], root: Path
 
 def run_script(script: str | Path, *args: str | Path, timeout: float, env: dict[str, str] | None = None,
                records: Sequence[Path] = ()) -> launch.Result:
-    """Launch one of the course's multi-process scripts, as `launch.run_python` does, and make the
-    run once more if, and only if, gloo itself made it fail (`launch.gloo_fault`: a process
-    aborted as it left, a connection lost as the processes met): the script's doing is judged by
-    what its run printed, which such a failure takes away. Any other failure stands. (The
-    notebooks' `lab.run` does the same, and the checker for learners' runs.) `records`: folders
-    the run's processes write into, emptied before it is made again."""
-    result = launch.run_python(script, *args, timeout=timeout, env=env)
+    """Launch one of the course's multi-process scripts, as `launch.run_python` does, made once
+    more on a fault of gloo's (`again_on_gloo_fault`)."""
+    return again_on_gloo_fault(lambda: launch.run_python(script, *args, timeout=timeout, env=env), records)
+
+
+def again_on_gloo_fault(run: Callable[[], launch.Result], records: Sequence[Path] = ()) -> launch.Result:
+    """`run()`, and once more if, and only if, gloo itself made it fail (`launch.gloo_fault`: a
+    process aborted as it left, a connection lost as the processes met): the script's doing is
+    judged by what its run printed, which such a failure takes away. Any other failure stands.
+    (The notebooks' `lab.run` does the same, and the checker for learners' runs.) `records`:
+    folders the run's processes write into, emptied before it is made again."""
+    result = run()
     if result.returncode != 0 and launch.gloo_fault(result.output):
         for folder in records:
             for path in folder.iterdir():
                 path.unlink()
-        result = launch.run_python(script, *args, timeout=timeout, env=env)
+        result = run()
     return result
 
 

@@ -19,7 +19,7 @@ from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed
 from autograde.checks import scaling
 from autograde.notebook import scaling as notebook
-from conftest import ROOT, recorded_trace
+from conftest import ROOT, again_on_gloo_fault, recorded_trace
 
 FINISHED = ROOT / "solutions" / "large_batch_training.py"
 
@@ -132,10 +132,10 @@ def test_the_logs_the_notebooks_read_give_times_per_epoch_and_per_step(tmp_path:
 
 def test_the_finished_script_logs_a_json_line_per_epoch(stand_in: Path, tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    result = launch.run([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                         FINISHED, "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "64",
-                         "--epochs", "2", "--target-accuracy", "0", "--scale-lr", "--log-file", log],
-                        timeout=180, env={"OMP_NUM_THREADS": "1"})
+    result = again_on_gloo_fault(lambda: launch.run(
+        [launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", FINISHED,
+         "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "64", "--epochs", "2",
+         "--target-accuracy", "0", "--scale-lr", "--log-file", log], timeout=180, env={"OMP_NUM_THREADS": "1"}))
     assert result.returncode == 0, result.output[-2000:]
     records = notebook.read_log(log)
     assert [r["epoch"] for r in records] == [1, 2]
@@ -150,10 +150,11 @@ def test_speed_fixes_counts_all_reduces_and_writes_a_trace(stand_in: Path, tmp_p
     """With --accumulate 2, DDP all-reduces after both backward passes, and only after the last one
     inside no_sync; --profile writes a trace per rank that a trace viewer opens (Chrome's format)."""
     def timed(*options: object) -> dict:
-        result = launch.run([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             ROOT / "solutions" / "speed_fixes.py", "--data-dir", stand_in, "--widen-factor", "1",
-                             "--batch-size", "16", "--steps", "3", "--warmup-steps", "1", "--accumulate", "2", *options],
-                            timeout=180, env={"OMP_NUM_THREADS": "1"})
+        result = again_on_gloo_fault(lambda: launch.run(
+            [launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             ROOT / "solutions" / "speed_fixes.py", "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "16",
+             "--steps", "3", "--warmup-steps", "1", "--accumulate", "2", *options], timeout=180,
+            env={"OMP_NUM_THREADS": "1"}))
         assert result.returncode == 0, result.output[-2000:]
         return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
 

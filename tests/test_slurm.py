@@ -12,7 +12,7 @@ import pytest
 
 from autograde import data, launch
 from autograde.tools import fake_slurm
-from conftest import ROOT, SOLUTIONS, assert_clean_error
+from conftest import ROOT, SOLUTIONS, again_on_gloo_fault, assert_clean_error
 
 PER_GPU = SOLUTIONS / "slurm" / "srun_one_task_per_gpu.sbatch"  # srun: one task per GPU
 PER_NODE = SOLUTIONS / "slurm" / "srun_torchrun_per_node.sbatch"  # srun: one torchrun per node
@@ -51,7 +51,8 @@ def sbatch(script: Path, *args: str | Path, nodes: int, per_node: int, env: dict
     cmd = [launch.PYTHON, "-m", "autograde.tools.fake_slurm", "--nodes", str(nodes),
            "--ntasks-per-node", str(tasks), "--gpus-per-node", str(per_node), script, *args]
     # a port known to be free: the scripts' default comes from the job id, here a process id
-    return launch.run(cmd, timeout=timeout, cwd=ROOT, env={"MASTER_PORT": str(launch.free_port()), **env})
+    env = {"MASTER_PORT": str(launch.free_port()), **env}
+    return again_on_gloo_fault(lambda: launch.run(cmd, timeout=timeout, cwd=ROOT, env=env))
 
 
 def fake(*args: str | Path, env: dict[str, str] | None = None) -> launch.Result:

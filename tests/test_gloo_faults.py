@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -79,27 +80,27 @@ def test_a_notebook_cell_fails_on_any_other_failure_and_shows_its_hidden_output(
     assert "running it once more" not in shown and "Connect timeout" in shown
 
 
-def _crashed(*errors: str, output: str = "") -> Run:
-    """A run whose processes (one per error) each raised `error`, as the checker records it."""
-    result = launch.Result(returncode=1, stdout=output, stderr="", timed_out=False, seconds=3.0, leftover=False)
-    traces = {pid: recorded_trace({"ev": "crash", "error": error}, pid=pid) for pid, error in enumerate(errors, 7)}
+def _recorded(returncode: int, output: str = "", crashes: Sequence[str] = ()) -> Run:
+    """A run as the checker records it: its command's exit status and output, and the error that
+    each of its processes raised (one process per crash)."""
+    result = launch.Result(returncode=returncode, stdout=output, stderr="", timed_out=False, seconds=3.0, leftover=False)
+    traces = {pid: recorded_trace({"ev": "crash", "error": error}, pid=pid) for pid, error in enumerate(crashes, 7)}
     return Run("workers run", [result], traces)
 
 
 def test_the_checker_makes_a_run_again_when_gloo_failed_as_the_processes_met() -> None:
-    assert _crashed(MESH[0], MESH[0]).outside_cause() == launch.gloo_fault(MESH[0])
-    failed = launch.Result(returncode=1, stdout="", stderr=MESH[0], timed_out=False, seconds=3.0, leftover=False)
-    assert Run("collectives on 4 processes", [failed], {}).outside_cause() == launch.gloo_fault(MESH[0])
+    assert _recorded(1, crashes=[MESH[0], MESH[0]]).outside_cause() == launch.gloo_fault(MESH[0])
+    assert _recorded(1, MESH[0]).outside_cause() == launch.gloo_fault(MESH[0])  # the checker's own processes
 
 
 def test_the_checker_blames_the_script_when_any_process_failed_of_its_own() -> None:
     """A rank that raised on its own can close its connections under the others' handshake: the
     others' mesh failures then follow from the script's error, which is what is judged."""
-    assert _crashed("ValueError: bad batch size (line 40)", MESH[0]).outside_cause() is None
-    assert _crashed("RuntimeError: Gloo connectFullMesh failed with [pair.h:301] Connect timeout").outside_cause() is None
+    assert _recorded(1, crashes=["ValueError: bad batch size (line 40)", MESH[0]]).outside_cause() is None
+    assert _recorded(1, crashes=["RuntimeError: Gloo connectFullMesh failed with [pair.h:301] Connect timeout"]
+                     ).outside_cause() is None
 
 
 def test_a_run_that_succeeded_has_nothing_to_make_again() -> None:
     """torchrun can restart a group past a lost connection: what its run printed then is history."""
-    ok = launch.Result(returncode=0, stdout=MESH[0], stderr="", timed_out=False, seconds=3.0, leftover=False)
-    assert Run("program run", [ok], {}).outside_cause() is None
+    assert _recorded(0, MESH[0]).outside_cause() is None

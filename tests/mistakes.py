@@ -199,6 +199,12 @@ EXERCISE_MISTAKES = [
                                                              "    chunks = tensor.view(-1)[:size * world_size].split(size)\n"),),
             "1,001 floats with 'sum' on 2 processes"),
     Mistake("ring_whole_tensor_passed", "ring", ((RING_CHUNKS, RING_WHOLE),), "messages (a ring: 2 each)"),
+    # the receiver adds into the chunk it sent: with uneven chunks a message outgrows the buffer and
+    # gloo aborts the process (SIGABRT from C++), which is the learner's doing, not the checker's
+    Mistake("ring_chunk_sizes_disagree", "ring",
+            (("        send_index, recv_index = (rank - s) % world_size, (rank - s - 1) % world_size\n",
+              "        send_index, recv_index = (rank - s) % world_size, (rank - s) % world_size\n"),),
+            "received a message of another size than the buffer it posted"),
     Mistake("sampler_epoch_ignored", "sampler", (("manual_seed(self.seed + self.epoch)", "manual_seed(self.seed)"),),
             "had the same order"),
     Mistake("sampler_unseeded", "sampler", ((SAMPLER_SHUFFLE, "            order = torch.randperm(self.size).tolist()\n"),),

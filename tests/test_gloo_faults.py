@@ -104,3 +104,17 @@ def test_the_checker_blames_the_script_when_any_process_failed_of_its_own() -> N
 def test_a_run_that_succeeded_has_nothing_to_make_again() -> None:
     """torchrun can restart a group past a lost connection: what its run printed then is history."""
     assert _recorded(0, MESH[0]).outside_cause() is None
+
+
+ENFORCE = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+           "gloo/transport/tcp/pair.cc:464] op.preamble.length <= op.nbytes. 2004 vs 2000. Received data size "
+           "doesn't match expected size. Is there a distributed collective mismatch in your code?\n")
+
+
+def test_an_abort_is_the_scripts_unless_its_output_is_one_of_gloos_faults() -> None:
+    """A C++ abort leaves no Python crash behind, so 'every crash is gloo's' would hold of it
+    vacuously: a message of the wrong size is the script's mistake, gloo's teardown abort is not."""
+    assert _recorded(-signal.SIGABRT, ENFORCE).outside_cause() is None
+    assert "aborted by PyTorch's C++ code: op.preamble.length" in (_recorded(-signal.SIGABRT, ENFORCE).problem() or "")
+    assert _recorded(-signal.SIGABRT, launch.TEARDOWN_ABORT).outside_cause() == launch.gloo_fault(launch.TEARDOWN_ABORT)
+    assert _recorded(-signal.SIGKILL).outside_cause() == "a process was killed by signal SIGKILL"  # the OOM killer, say

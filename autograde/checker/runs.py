@@ -76,11 +76,18 @@ class Run:
             return None  # a deadlock the checker stopped, or an error in the script: the script's own
         if any(r.timed_out for r in self.results):
             return f"it ran out of time ({TIME_LIMIT:.0f} s; the machine may be busy)"
+        # A process that aborted (SIGABRT) did so from C++ code it called: the script's doing (a
+        # message of the wrong size, say), unless its output shows one of gloo's own faults.
+        aborted_by_gloo = launch.gloo_fault(self.output)
         for r in self.results:
             if r.returncode is not None and r.returncode < 0:
+                if -r.returncode == signal.SIGABRT:
+                    return aborted_by_gloo
                 return f"a process was killed by signal {signal_name(-r.returncode)}"
         for t in self.traces.values():
             for e in t.named("child_signal"):
+                if e["signal"] == "SIGABRT":
+                    return aborted_by_gloo
                 return f"a process that mp.spawn started was killed by signal {e['signal']}"
         if any(text in self.output.lower() for text in ("address already in use", "eaddrinuse")):
             return "a port it was given was taken by another program"
@@ -101,6 +108,9 @@ class Run:
         crashes = [e for t in self.traces.values() for e in t.named("crash")]
         if crashes:
             return f"the {self.name} crashed: {crashes[0]['error']}"
+        aborted = ABORT_REASON.search(self.output)
+        if aborted:
+            return f"a process of the {self.name} was aborted by PyTorch's C++ code: {short(aborted['why'])}"
         for r in self.results:
             if r.returncode != 0:
                 return f"the {self.name} failed (exit status {r.returncode}): {short(r.stderr or r.stdout)}"
@@ -114,6 +124,9 @@ def signal_name(number: int) -> str:
         return str(number)
 
 
+# std::terminate's report of the C++ exception that aborted a process (gloo's enforce failures, say):
+# "what():  [enforce fail at .../pair.cc:464] op.preamble.length <= op.nbytes. 2004 vs 2000. Received ..."
+ABORT_REASON = re.compile(r"what\(\):\s+(?:\[[^\]]*\]\s*)?(?P<why>[^\n]+)")
 RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")  # torchrun's workers' lines: "[rank1]: ValueError: ..."
 EXCEPTION = re.compile(r"^[A-Za-z_]*(Error|Exception)\b")
 

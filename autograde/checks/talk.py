@@ -9,6 +9,7 @@ messages traced. Like the lab's checks, they read behaviour, never names or word
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from typing import Any, TypeVar
 
@@ -201,6 +202,11 @@ def check_ring(ws: Workspace) -> str:
     for report in reports:
         require(report.error is None, f"with {report.world_size} processes, ring_all_reduce raised on rank "
                 f"{report.rank}: {report.error}", "the error names the line of your ring where it happened")
+    mismatch = SIZE_MISMATCH.search(run.output)
+    require(mismatch is None, "a rank received a message of another size than the buffer it posted "
+            f"({mismatch['sizes'] if mismatch else ''} bytes), and gloo aborted the process",
+            "in each round, the buffer a rank receives into must be the size of the chunk its neighbour "
+            "sends it in that round: sender and receiver must agree on which chunk travels")
     run_ok(run, "every rank must post its receive while its neighbour sends: send with dist.isend (or "
            "receive first on every other rank), then recv, then wait for the send")
     traces = _groups(run)
@@ -227,6 +233,11 @@ def check_ring(ws: Workspace) -> str:
     return (f"ring_all_reduce agrees with dist.all_reduce on 2-4 processes for {', '.join(f'{s:,}' for s in RING_SIZES)} "
             f"floats (sum and max), with 2(N-1) messages of about 1/N per rank ({RING_SIZES[-1]:,} floats on 4 "
             f"processes: {largest * 1e3:.1f} ms)")
+
+
+# gloo's abort when a message is longer than the buffer posted for it: "... op.nbytes. 2004 vs 2000.
+# Received data size doesn't match expected size."
+SIZE_MISMATCH = re.compile(r"(?P<sizes>\d+ vs \d+)\. Received data size doesn't match expected size")
 
 
 def _ring_hint(op: str) -> str:

@@ -300,6 +300,12 @@ EXERCISE_MISTAKES = [
             "waited for 0 of them"),
     Mistake("overlap_not_divided", "overlap_ddp", ((OVERLAP_WAIT, "            handle.wait()\n"),),
             "from DistributedDataParallel"),
+    # naive_ddp left as handed out, and overlap_ddp's own mistake: its verdict and hint are its own
+    # ("divide by the world size"), with naive_ddp named only as a possible cause
+    Mistake("overlap_not_divided_naive_unfinished", "overlap_ddp", (
+        ("                dist.all_reduce(parameter.grad)\n                parameter.grad /= world_size\n", "                pass\n"),
+        (OVERLAP_WAIT, "            handle.wait()\n")), "OverlapDDP(model) left weights",
+            also_fails=(("naive_ddp", "NaiveDDP(model) left weights"),)),
     Mistake("overlap_hook_on_frozen", "overlap_ddp", (
         ("            if parameter.requires_grad:\n                parameter.register_post_accumulate_grad_hook(self._launch)\n",
          "            parameter.register_post_accumulate_grad_hook(self._launch)\n"),), "OverlapDDP(model): "),

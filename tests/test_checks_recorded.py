@@ -114,6 +114,9 @@ def test_a_typical_mistake_fails_its_step_with_the_right_message(name: str) -> N
     verdicts = replay(name, mistake.apply(correct.read_text()), steps)
     verdict = verdicts[mistake.step]
     assert verdict.passed is False and mistake.expect in verdict.observed, verdict.observed
+    if verdict.earlier:  # an earlier item fails too: it is named as a possible cause, the hint stays this item's
+        own = f"# TODO {registry.item(mistake.step).label}`"
+        assert verdict.hint and own in verdict.hint, f"the hint is not {own}'s own: {verdict.hint}"
     for step, words in mistake.also_fails:
         assert verdicts[step].passed is False and words in verdicts[step].observed, verdicts[step].observed
     if not mistake.also_fails:

@@ -31,10 +31,15 @@ def check(ws: Workspace, step: str) -> Result:
         observed = item.check(ws)
     except Failed as failure:
         earlier = _first_failing_before(ws, step)
-        if earlier is not None:
-            return Result(step, False, f"{_with_problems(ws, step, failure.observed)} ({registry.item(earlier.step).label} "
-                          f"is not right yet either: {earlier.observed})", earlier.hint, earlier=earlier.step)
-        return Result(step, False, _with_problems(ws, step, failure.observed), failure.hint(step))
+        observed = _with_problems(ws, step, failure.observed)
+        if earlier is None:
+            return Result(step, False, observed, failure.hint(step))
+        # The item is judged on its own: its own words and hint, with the earlier item named as a
+        # possible cause. Only a run cut short before it showed this item has the earlier one's hint.
+        label = registry.item(earlier.step).label
+        hint = earlier.hint if failure.inconclusive else f"{failure.hint(step)} (or {label}, which fails too, may be the cause)"
+        return Result(step, False, f"{observed} ({label} is not right yet either: {earlier.observed})", hint,
+                      earlier=earlier.step)
     except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
         return Result(step, False, f"the checker could not judge this step: {err}. This is the checker's "
                       "problem, not your script's", "run the check again with fresh=True (or --fresh)",

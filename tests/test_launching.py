@@ -12,8 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from autograde import launch
 from autograde.checker import api
+from autograde.checker.verdicts import Failed
 from autograde.notebook import launching
 from conftest import ROOT, assert_clean_error
 
@@ -139,3 +142,29 @@ def test_a_rank_slow_to_reach_its_barrier_has_not_gone_on() -> None:
     leaving = recorded_trace({"ev": "print"}, {"ev": "print"}, {"ev": "print"},
                              {"ev": "enter", "call": "destroy_process_group"})
     assert _went_on(leaving, 2, 4) is not None
+
+
+def test_a_rank_that_reads_a_checkpoint_being_written_is_told_so_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the read half-file crashes the run, the other rank's collective fails with gloo's
+    'Connection reset by peer': the verdict names the read, and the crash that caused the other."""
+    from autograde.checker.runs import Run
+    from autograde.checks import launching as checks
+    from conftest import recorded_trace
+
+    path = "/tmp/run/checkpoint.pt"
+    joined = {"ev": "exit", "call": "init_process_group", "life": 0}
+    writer = recorded_trace({**joined, "rank": 0}, {"ev": "save_enter", "path": path}, {"ev": "enter", "call": "barrier"},
+                            {"ev": "save_exit", "path": path}, {"ev": "crash", "error": "RuntimeError: [pair.cc:534] "
+                                                                "Connection reset by peer"}, pid=7)
+    reader = recorded_trace({**joined, "rank": 1}, {"ev": "wait"}, {"ev": "load_enter", "path": path},
+                            {"ev": "crash", "error": "RuntimeError: PytorchStreamReader failed reading zip archive: "
+                                                      "failed finding central directory (line 50)"}, pid=8)
+    result = launch.Result(returncode=1, stdout="", stderr="", timed_out=False, seconds=9.0, leftover=False)
+    run = Run("undisturbed torchrun run", [result], {7: writer, 8: reader}, argv=["--checkpoint", path])
+    assert checks.read_while_written(run, path) == "rank 1 read checkpoint.pt while rank 0 was still writing the checkpoint of epoch 1"
+    assert "PytorchStreamReader" in (run.problem() or "")  # the cause, not the peer's lost connection
+    monkeypatch.setattr(checks, "_whole", lambda ws: run)
+    with pytest.raises(Failed) as failed:
+        checks.undisturbed(None)  # type: ignore[arg-type]
+    assert failed.value.observed.startswith("rank 1 read checkpoint.pt while rank 0 was still writing")
+    assert "half a file" in failed.value.observed and failed.value.step == "checkpoint"

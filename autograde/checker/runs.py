@@ -106,8 +106,9 @@ class Run:
             how = f"nothing happened for {STALL_SECONDS:.0f} s or more" if self.stalled else "it ran out of time"
             return f"the {self.name} deadlocked ({how}): {detail}"
         crashes = [e for t in self.traces.values() for e in t.named("crash")]
-        if crashes:
-            return f"the {self.name} crashed: {crashes[0]['error']}"
+        if crashes:  # the first that is not a peer's lost connection: that one follows from another's crash
+            root = next((e for e in crashes if not PEER_LOST.search(e["error"])), crashes[0])
+            return f"the {self.name} crashed: {root['error']}"
         aborted = ABORT_REASON.search(self.output)
         if aborted:
             return f"a process of the {self.name} was aborted by PyTorch's C++ code: {short(aborted['why'])}"
@@ -124,6 +125,8 @@ def signal_name(number: int) -> str:
         return str(number)
 
 
+# What a rank's collective raises when another rank's process has died: a consequence, not a cause.
+PEER_LOST = re.compile(r"Connection (reset|closed) by peer|remote process exited|Broken pipe")
 # std::terminate's report of the C++ exception that aborted a process (gloo's enforce failures, say):
 # "what():  [enforce fail at .../pair.cc:464] op.preamble.length <= op.nbytes. 2004 vs 2000. Received ..."
 ABORT_REASON = re.compile(r"what\(\):\s+(?:\[[^\]]*\]\s*)?(?P<why>[^\n]+)")

@@ -252,9 +252,27 @@ def _whole(ws: Workspace) -> Run:
     return checkpoint_run(ws, "whole", {SLOW_SAVE: str(SLOW_SECONDS)}, restarts=0)
 
 
+def read_while_written(run: Run, checkpoint: str) -> str | None:
+    """Which rank read the checkpoint while rank 0 was still writing it, and when, or None."""
+    for k, write in enumerate(writes(run, checkpoint), 1):
+        for trace in run.traces.values():
+            for e in trace.named("load_enter"):
+                if e.get("path") == checkpoint and write.start <= e["t"] <= write.done:
+                    return (f"rank {trace.rank} read {Path(checkpoint).name} while rank 0 was still writing the "
+                            f"checkpoint of epoch {k}")
+    return None
+
+
+TORN_READ_HINT = "nobody reads the checkpoint before rank 0 has finished: dist.barrier() after the save, before any load"
+
+
 def undisturbed(ws: Workspace) -> tuple[Run, str, dict[int, Event], float]:
     """The undisturbed run, its checkpoint file, each rank's final weights and the optimizer steps per epoch."""
     whole = _whole(ws)
+    torn = None if whole.ok else read_while_written(whole, checkpoint_path(whole))
+    if torn:  # said in words: the crash itself is half a file to unpickle, or a peer's lost connection
+        raise Failed(f"{torn}, so it read half a file and the run failed ({whole.problem()})", TORN_READ_HINT,
+                     step="checkpoint")
     run_ok(whole, "run it yourself: torchrun --standalone --nproc-per-node 2 exercises/resume_training.py "
            "--epochs 3 (delete checkpoint.pt first)")
     ends = _final(whole)
@@ -284,13 +302,10 @@ def check_checkpoint(ws: Workspace) -> str:
             "file can interleave their bytes and leave it broken", "save on rank 0 only (dist.get_rank() == 0)")
     require(len(saved) == EPOCHS, f"rank 0 wrote {name} {len(saved)} time(s) in {EPOCHS} epochs",
             "save once at the end of every epoch")
+    torn = read_while_written(whole, checkpoint)
+    require(torn is None, torn or "", TORN_READ_HINT)
     others = [t for t in whole.traces.values() if t.rank not in (None, 0)]
     for k, write in enumerate(saved, 1):
-        early = [(t.rank, e) for t in whole.traces.values() for e in t.named("load_enter")
-                 if e.get("path") == checkpoint and write.start <= e["t"] <= write.done]
-        require(not early, f"rank {early[0][0] if early else '?'} read {name} while rank 0 was still writing the "
-                f"checkpoint of epoch {k}", "nobody reads the checkpoint before rank 0 has finished: "
-                "dist.barrier() after the save, before any load")
         for trace in others:
             went = _went_on(trace, write.start, write.done)
             require(went is None, f"while rank 0 was writing the checkpoint of epoch {k} (the checker made each "

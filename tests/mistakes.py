@@ -30,6 +30,11 @@ MISTAKES = [
             "MASTER_PORT is None"),
     Mistake("world_size_missing", "2", (("    args.world_size = args.num_nodes * args.num_gpus\n",
                                          "    args.world_size = args.num_gpus\n"),), "no world size of 6"),
+    # a worker that crashes on its first line has started in every process, but done nothing
+    Mistake("worker_crashes_on_its_first_line", "3", (("    rank = args.node_id * args.num_gpus + local_rank\n",
+                                                       "    local_rank = args.local_rank\n"
+                                                       "    rank = args.node_id * args.num_gpus + local_rank\n"),),
+            "crashed before it did anything"),
     Mistake("rank_is_local_rank", "4", (("    rank = args.node_id * args.num_gpus + local_rank\n",
                                          "    rank = local_rank\n"),), "joined as rank"),
     Mistake("nccl_on_cpu", "4", (('    backend = "nccl" if torch.cuda.is_available() else "gloo"\n',
@@ -111,6 +116,9 @@ _SPAWN = "mp.spawn(worker, nprocs=args.num_gpus, args=(args,))"
 ORIGINAL_LAB_EDITS: dict[str, tuple[tuple[str, str], ...]] = {
     "no_master_port": (("os.environ['MASTER_PORT'] = str(args.master_port)\n", ""),),
     "world_size_missing": (("WORLD_SIZE = args.num_gpus * args.num_nodes\n", "WORLD_SIZE = args.num_gpus\n"),),
+    "worker_crashes_on_its_first_line": (("    global_rank = args.node_id * args.num_gpus + local_rank\n",
+                                          "    local_rank = args.local_rank\n"
+                                          "    global_rank = args.node_id * args.num_gpus + local_rank\n"),),
     "rank_is_local_rank": (("    global_rank = args.node_id * args.num_gpus + local_rank\n",
                             "    global_rank = local_rank\n"),),
     "nccl_on_cpu": (("        backend = 'gloo'\n", "        backend = 'nccl'\n"),),

@@ -120,7 +120,9 @@ def _by_child(ws: Workspace) -> list[tuple[Child, ProcessTrace]]:
 
 def check_3(ws: Workspace) -> str:
     """The training runs inside the function each process is given (worker(local_rank, args),
-    or whatever the script's own mp.spawn names): called in each process, it trains."""
+    or whatever the script's own mp.spawn names): called in each process, it trains. A pass rests
+    on what each process did: one whose function crashed before any work (a data set, a loader, a
+    torch.distributed call) fails here, one that returned without an optimizer step too."""
     children = _by_child(ws)
     names = set()
     for child, trace in children:
@@ -129,6 +131,11 @@ def check_3(ws: Workspace) -> str:
                 "define worker(local_rank, args)")
         name = f"{started[0].get('fn', 'worker')}(local_rank, ...)"
         names.add(name)
+        crash = trace.named("crash")
+        work = [e for e in trace.events if e["ev"] not in ("worker_start", "print", "crash")]
+        require(not (crash and not work), f"{name} crashed before it did anything, in the process of node "
+                f"{child.node}, local rank {child.local_rank}: {crash[0]['error'] if crash else ''}",
+                f"{name} must run the training in each process: the error names the line where it stopped")
         finished = trace.named("worker_done")
         require(not finished or finished[0]["optimizer_steps"] > 0,
                 f"{name} returned without training", f"move the training into {name}")

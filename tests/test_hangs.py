@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,26 @@ from conftest import ROOT
 SCRIPT = ROOT / hangs.SCRIPT
 
 
-def _hangs_running() -> list[int]:
-    """Live processes that a launch of this test started (each carries its launch's mark)."""
+def _hangs_running(deadline: float = 30.0) -> list[int]:
+    """Live processes that a launch of this test started (each carries its launch's mark, and runs
+    hangs.py or py-spy), once they have had up to `deadline` seconds to be reaped: a loaded machine
+    can take a while to end the processes a launch killed."""
     own = os.environ.get(launch.MARK)
-    return [pid for state, _, _, pid, mark in launch._processes() if mark and mark != own and state != "Z"]
+    give_up = time.monotonic() + deadline
+    while True:
+        left = [pid for state, _, _, pid, mark in launch._processes() if mark and mark != own and state != "Z"
+                and _runs_hangs(pid)]
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.2)
+
+
+def _runs_hangs(pid: int) -> bool:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False  # gone while we looked
+    return b"hangs.py" in command or b"py-spy" in command
 
 
 def test_a_barrier_on_rank_0_alone_is_found_where_each_rank_waits() -> None:

@@ -31,14 +31,15 @@ def f(x):
 
 def compute_pi(rank, world_size, intervals, device):
     """The midpoint sum over this rank's share of the rectangles, added up over all ranks."""
-    # TODO pi: only this rank's share of the rectangles. Rank r takes rectangles
-    # r * intervals // world_size up to (but not including) (r + 1) * intervals // world_size:
-    # the shares cover every rectangle exactly once, even when world_size does not divide intervals.
+    # TODO pi: only this rank's share of the rectangles. start and stop must be this rank's own
+    # range of rectangle numbers (stop not included), such that the ranks' ranges together cover
+    # every rectangle 0 .. intervals - 1 exactly once, whatever world_size and intervals (world_size
+    # need not divide intervals), and no rank gets much more than its 1/world_size of them.
     start, stop = 0, intervals
     i = torch.arange(start, stop, dtype=torch.float64, device=device)
     part = f((i + 0.5) / intervals).sum() / intervals
-    # TODO pi: add up every rank's part, so that every rank holds pi
-    # (dist.all_reduce changes the tensor in place; its default operation is a sum).
+    # TODO pi: what this returns must be pi on every rank: the sum of all the ranks' parts, not
+    # only this rank's part. Look up: dist.all_reduce
     return part.item()
 
 

@@ -7,12 +7,14 @@ max) of all of them, as dist.all_reduce gives. The ring does it in two passes ov
 
 1. Reduce-scatter. Cut the tensor into N chunks. In each of N-1 rounds, every rank sends one
    chunk to its right neighbour and adds the chunk coming from its left neighbour into its
-   own copy. After N-1 rounds, rank r holds the complete sum of chunk (r + 1) % N.
+   own copy (or keeps the larger values, for max). After N-1 rounds, every rank holds one chunk that is complete, a different one on
+   each rank.
 2. All-gather. In N-1 more rounds, the complete chunks travel once round the ring, each rank
    copying the one it receives over its own.
 
 Each rank sends 2(N-1) messages of 1/N of the tensor: 2(N-1)/N of the tensor in all, almost
-independent of N. That is why NCCL and gloo use rings (and trees) for large tensors.
+independent of N. gloo's all_reduce of CPU tensors is such a ring, at every size; NCCL picks
+rings or trees by the tensor's size and the machines.
 
 Your TODOs are the two loops in ring_all_reduce(). The rest checks your ring against
 dist.all_reduce and times both.
@@ -32,24 +34,35 @@ def exchange(send_chunk, recv_chunk, right, left):
     """Send one chunk to the right neighbour while receiving one from the left.
 
     Sending without waiting (isend) before receiving matters: if every rank first made a
-    blocking send, each would wait for its neighbour to receive, and no one would."""
+    blocking send, each would wait for its neighbour to receive, and no one would.
+
+    This is safe on gloo (the CPU processes, and the check). It is not safe on NCCL: there an
+    isend and a recv made one after the other are two separate operations, and NCCL asks for a
+    send and a receive that must progress together to be grouped, or they can deadlock. With 2
+    processes the left and right neighbours are the same rank, and this exchange can hang.
+    dist.batch_isend_irecv groups them, and is the safe call on every backend."""
     request = dist.isend(send_chunk.contiguous(), dst=right)
     dist.recv(recv_chunk, src=left)
     request.wait()
 
 
 def ring_all_reduce(tensor, op="sum"):
-    """Reduce `tensor` over all ranks, in place, with a ring: sum or max."""
+    """Reduce `tensor` over all ranks, in place, with a ring: sum or max.
+
+    Afterwards every rank's `tensor` holds what dist.all_reduce (SUM or MAX) would give, for any
+    number of ranks and any length, also one the number of ranks does not divide. Only
+    point-to-point messages, no collective: in each of 2(N-1) rounds, every rank sends one chunk
+    to its right neighbour and receives one chunk from its left neighbour."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     chunks = tensor.view(-1).tensor_split(world_size)  # views: writing a chunk writes the tensor
-    # TODO ring: reduce-scatter, world_size - 1 rounds. In round s, send chunk
-    # (rank - s) % world_size to the right, receive chunk (rank - s - 1) % world_size from the
-    # left into a buffer of its size, and combine the buffer into that chunk (add, or maximum).
+    # TODO ring: reduce-scatter, world_size - 1 rounds, each one exchange() of one chunk with the
+    # neighbours. Afterwards every rank must hold one chunk that is complete (combined with `op`
+    # over all ranks), a different chunk on each rank.
     pass
-    # TODO ring: all-gather, world_size - 1 rounds. In round s, send chunk
-    # (rank + 1 - s) % world_size to the right, receive chunk (rank - s) % world_size from the
-    # left, and copy it over your own.
+    # TODO ring: all-gather, world_size - 1 rounds, each one exchange() of one chunk with the
+    # neighbours. Afterwards every rank must hold every chunk complete: tensor equals what
+    # dist.all_reduce gives.
     pass
     return tensor
 

@@ -3,14 +3,20 @@
     python exercises/shard_sampler.py --world-size 4 --size 10
 
 In data-parallel training every process must see a different part of the data set, and all of
-them together must see all of it. DistributedSampler does that; here you write one. It must:
+them together must see all of it. DistributedSampler does that; here you write one that keeps the
+same promises. For any data set size, number of ranks N and rank:
 
-- give every rank the same number of indices (a rank with fewer batches would wait forever in
-  the all-reduce of a batch the others never make): pad by repeating indices from the start of
-  the epoch's order, or, with drop_last=True, drop the last few;
-- cut the epoch's order into disjoint shards, one per rank: every index once (plus the padding);
-- shuffle with a generator seeded by seed + epoch, so that every rank makes the same order
-  without talking to the others, and a new order each epoch (set_epoch).
+- every rank gets len(sampler) indices, the same number on every rank (a rank with fewer batches
+  would leave the others waiting in an all-reduce it never makes, until the process group's
+  timeout);
+- without drop_last, the ranks' shares together hold every index, with fewer than N repeated so
+  that the shares come out equal; with drop_last=True, no index is repeated, and fewer than N are
+  left out;
+- the shares are disjoint: no index on two ranks, apart from those repeats;
+- the ranks agree without sending anything: for a given seed and epoch, every rank works out the
+  same order of the data set; with shuffle, a new order for each epoch (set_epoch) and each seed;
+  without shuffle, 0, 1, 2, ... in every epoch;
+- iterating the sampler again in the same epoch gives the same indices.
 
 Your TODOs are in ShardSampler.__iter__ and __len__. Running the file shows each rank's shard.
 """
@@ -42,16 +48,18 @@ class ShardSampler(Sampler):
         self.epoch = epoch
 
     def __iter__(self):
-        # TODO sampler: the epoch's order of all indices, the same on every rank: a permutation from a
-        # generator seeded with seed + epoch (shuffle), else 0, 1, 2, ...
+        # TODO sampler: order must be this epoch's order of all the indices 0 .. size - 1: the same
+        # on every rank for a given seed and epoch, and new with each epoch and seed when shuffle is
+        # on; 0, 1, 2, ... when it is off. Look up: torch.randperm
         order = list(range(self.size))
-        # TODO sampler: make the order a multiple of num_replicas long (len(self) per rank): drop the
-        # tail with drop_last, else pad by repeating from the start; then take every
-        # num_replicas-th index, starting at this rank's.
+        # TODO sampler: return only this rank's share of that order: len(self) indices, disjoint
+        # from the other ranks' shares, and all the shares together as the module docstring says
+        # (every index, or with drop_last fewer than num_replicas left out).
         return iter(order)
 
     def __len__(self):
-        # TODO sampler: how many indices each rank gets: rounded down with drop_last, else up
+        # TODO sampler: how many indices each rank gets, the same number on every rank (see drop_last
+        # in the module docstring)
         return self.size
 
 

@@ -139,9 +139,12 @@ def evaluate(model, loader, device, max_images=None):
 
 # Step 3: turn train(args) into worker(local_rank, args), the function each process runs.
 def worker(local_rank, args):
-    # TODO torchrun: torchrun puts each process's place in its environment: RANK (global),
-    # LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Take the rank and the world size from
-    # there, and call init_process_group with neither rank= nor world_size=: it reads them itself.
+    # TODO torchrun: torchrun, not this script, decides how many processes run where, and tells
+    # each process its place in its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+    # MASTER_PORT: notebook 14 prints them). Contract: for any --nnodes and --nproc-per-node,
+    # this process joins the group as the global rank torchrun gave it, in a group of the size
+    # torchrun gave it, and everything below that uses the rank or the world size (the samplers,
+    # the metrics) sees those same values. Look up: init_process_group's init_method "env://".
     # Step 4: compute this process's global rank from args.node_id, args.num_gpus and
     # local_rank, then join the process group with dist.init_process_group: backend "nccl"
     # on GPUs ("gloo" on the CPU), the rank and args.world_size. On a GPU, call
@@ -240,9 +243,9 @@ def main():
                         help="where Fashion-MNIST is, or goes (default: $DDP_LAB_DATA_DIR, else ./data)")
     parser.add_argument("--widen-factor", type=int, default=10,
                         help="width k of the WideResNet: 10 is the full model, 1 a small one for CPUs")
-    # TODO torchrun: the layout's options (--num-nodes, --node-id, --num-gpus, --master-addr,
-    # --master-port) are torchrun's business now (--nnodes, --node-rank, --nproc-per-node,
-    # --rdzv-endpoint): remove them, and what main() does with them.
+    # TODO torchrun: contract: the layout (nodes, processes per node, where rank 0 listens) is
+    # given to torchrun alone, by its own options; the script runs unchanged whatever they are,
+    # and nothing it is given or computes can disagree with them.
     # Step 1: add the integer arguments --num-nodes (default 1), --node-id (default 0)
     # and --num-gpus (default 1: processes to start on this node, one per GPU).
     parser.add_argument("--num-nodes", type=int, default=1, help="how many machines (nodes) train together")
@@ -276,8 +279,9 @@ def main():
             except OSError:
                 parser.error(f"port {args.master_port} is busy (another run?); pick a free one with --master-port")
 
-    # TODO torchrun: torchrun has started this process already, once per GPU: no mp.spawn here.
-    # Call worker() once, with this process's local rank, int(os.environ["LOCAL_RANK"]).
+    # TODO torchrun: contract: the training processes are exactly the ones torchrun started
+    # (--nproc-per-node on each node, no more); each of them trains as the process torchrun
+    # started it as, on the device of its rank on this node.
     # Step 3: call worker(0, args) instead.
     # Step 10: start args.num_gpus processes with mp.spawn(worker, args=(args,), nprocs=args.num_gpus).
     try:

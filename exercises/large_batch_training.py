@@ -110,6 +110,8 @@ def warmup_lr(step, base_lr, world_size, warmup_steps):
     Linear scaling: N processes take steps with an N times larger batch, so the rate becomes
     N x base_lr. Warm-up: starting at that rate can throw the young model off, so the rate rises
     in a straight line from base_lr (step 0) to N x base_lr (step warmup_steps), then stays there.
+    (The check also takes a line that starts at 0, and one that arrives a step sooner, at step
+    warmup_steps - 1: notebook 19 says which ramps pass.)
     """
     # TODO warmup: return the rate described above (warmup_steps = 0 means no warm-up).
     return base_lr
@@ -208,8 +210,10 @@ def worker(local_rank, args):
         model, device_ids=[local_rank] if torch.cuda.is_available() else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.base_lr)
 
-    # TODO lr_scaling: with --scale-lr, use warmup_lr with this world size and a warm-up of
-    # --warmup-epochs epochs (each epoch is len(train_loader) steps); without it, keep --base-lr.
+    # TODO lr_scaling: contract: with --scale-lr, the rate of every optimizer step is the one
+    # warmup_lr gives for that step, with this run's world size and a warm-up that lasts
+    # --warmup-epochs epochs; every rank uses the same rates. Without --scale-lr, every step uses
+    # --base-lr.
     lr_at = lambda step: args.base_lr  # noqa: E731
 
     start = time.time()

@@ -36,19 +36,27 @@ class SmallCNN(nn.Module):
 
 
 def save_checkpoint(path, model, optimizer, epoch):
-    # TODO checkpoint: rank 0 saves the model's and the optimizer's state_dict, the epoch just
-    # finished and the RNG state (torch.get_rng_state()) in one dict. Atomically: torch.save to a
-    # temporary file next to `path`, then os.replace() it onto `path` (a rename is all or nothing,
-    # so a kill during the save leaves the previous checkpoint whole). Then every rank waits at
-    # dist.barrier() until the checkpoint is complete.
+    # TODO checkpoint: every rank calls this once at the end of epoch `epoch`, with the
+    # DDP-wrapped model and its optimizer; it returns nothing. Contract: afterwards the file at
+    # `path` holds all that a fresh start of this script needs to go on from the next epoch as
+    # if it had never stopped, and at all times:
+    # - the file is written by one process only (every rank holds the same weights);
+    # - a kill at any moment, even in the middle of a save, leaves at `path` either this epoch's
+    #   checkpoint or the previous one, whole, never a part of one;
+    # - no rank returns from this call (to train on, or to read the file) before the file is complete.
+    # Look up: os.replace.
     pass
 
 
 def load_checkpoint(path, model, optimizer, device):
     """The epoch to start from: 1, or the one after the last checkpoint's."""
-    # TODO resume: if `path` exists, torch.load it with map_location=device (it was saved from
-    # rank 0's device), load the model's and the optimizer's state and the RNG state, and return
-    # the epoch after the saved one. Every rank loads it: each has its own copy of the model.
+    # TODO resume: every rank calls this once, before the first epoch, on a first start and on
+    # every restart after a kill; `device` is this process's device. Contract: with no checkpoint
+    # at `path`, it changes nothing and returns 1. With one, it puts this rank's model and
+    # optimizer, on `device`, in the state that save_checkpoint saved, and returns the first
+    # epoch that checkpoint does not cover, so that the resumed run trains the same epochs in
+    # all and follows the same weights, epoch by epoch, as a run that was never killed.
+    # Look up: torch.load.
     return 1
 
 

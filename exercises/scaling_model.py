@@ -15,7 +15,9 @@ The model of the time of one epoch with N processes:
     T(N) = t_par / N + t_seq + t_comm * (N - 1)
 
 t_par: the work that divides among the processes; t_seq: the work that does not; t_comm: what
-each extra process adds, like the extra rounds of a ring all-reduce (2(N - 1) messages).
+each extra process adds. A ring all-reduce of S bytes at bandwidth B costs 2(N - 1) latencies
+plus 2(N - 1)/N x S/B: the latencies grow like N - 1 (t_comm), while the bandwidth part, which is
+2S/B - 2S/(B N), ends up in t_seq and t_par when the model is fitted (notebook 17).
 `make check STEP=scaling` calls these functions on measurements of its own.
 """
 import json
@@ -26,7 +28,7 @@ import numpy as np
 def epoch_time(log_file):
     """The mean `epoch_time` of the epochs in a JSON-lines log, leaving out the first epoch
     (it pays for start-up: memory allocation, the first data reads). A log of one epoch: that one."""
-    # TODO scaling: read one JSON object per line; average epoch_time over epochs 2, 3, ...
+    # TODO scaling: the mean the docstring describes, for a log written by --log-file.
     raise NotImplementedError("TODO scaling")
 
 
@@ -46,7 +48,8 @@ def fit_time_model(times):
     """(t_par, t_seq, t_comm) of T(N) = t_par / N + t_seq + t_comm * (N - 1), fitted to the
     measured {N: seconds} by least squares (no bounds: a parameter may come out negative).
     Needs at least three different N."""
-    # TODO scaling: one row [1/N, 1, N - 1] per measurement; solve for the three parameters.
+    # TODO scaling: the three parameters that make the sum, over the measured N, of the squared
+    # differences between the model's T(N) and the measured time smallest. Look up: np.linalg.lstsq.
     raise NotImplementedError("TODO scaling")
 
 

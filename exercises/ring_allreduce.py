@@ -33,17 +33,14 @@ import torch.multiprocessing as mp
 def exchange(send_chunk, recv_chunk, right, left):
     """Send one chunk to the right neighbour while receiving one from the left.
 
-    Sending without waiting (isend) before receiving matters: if every rank first made a
-    blocking send, each would wait for its neighbour to receive, and no one would.
-
-    This is safe on gloo (the CPU processes, and the check). It is not safe on NCCL: there an
-    isend and a recv made one after the other are two separate operations, and NCCL asks for a
-    send and a receive that must progress together to be grouped, or they can deadlock. With 2
-    processes the left and right neighbours are the same rank, and this exchange can hang.
-    dist.batch_isend_irecv groups them, and is the safe call on every backend."""
-    request = dist.isend(send_chunk.contiguous(), dst=right)
-    dist.recv(recv_chunk, src=left)
-    request.wait()
+    The send and the receive are posted together, as one batch: if every rank first made a
+    blocking send, each would wait for its neighbour to receive, and no one would. The batch is
+    also what NCCL needs: there an isend and a recv made one after the other can deadlock (with
+    2 processes the left and right neighbours are the same rank); batched, they progress together."""
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send_chunk.contiguous(), right),
+                                       dist.P2POp(dist.irecv, recv_chunk, left)])
+    for request in requests:
+        request.wait()
 
 
 def ring_all_reduce(tensor, op="sum"):

@@ -160,8 +160,9 @@ ORIGINAL_LAB_MISTAKES = [replace(m, edits=ORIGINAL_LAB_EDITS[m.name]) for m in M
 # The exercises' typical mistakes, each made in the exercise's solution (solutions/<file>.py, the
 # checkpoint autograde/registry.py names). Recorded real runs, replayed in tests/test_checks_recorded.py.
 PI_SHARE = ("    start = rank * intervals // world_size\n    stop = (rank + 1) * intervals // world_size\n")
-RING_EXCHANGE = ("    request = dist.isend(send_chunk.contiguous(), dst=right)\n    dist.recv(recv_chunk, src=left)\n"
-                 "    request.wait()\n")
+RING_EXCHANGE = ("    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send_chunk.contiguous(), right),\n"
+                 "                                       dist.P2POp(dist.irecv, recv_chunk, left)])\n"
+                 "    for request in requests:\n        request.wait()\n")
 RING_CHUNKS = "    chunks = tensor.view(-1).tensor_split(world_size)  # views: writing a chunk writes the tensor\n"
 # the whole tensor passed round the ring and added up: right, but N-1 messages of the whole tensor
 RING_WHOLE = """    passing, incoming, total = tensor.clone(), torch.empty_like(tensor), tensor.clone()

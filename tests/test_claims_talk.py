@@ -240,7 +240,7 @@ def test_batch_isend_irecv_completes_a_ring_step_on_two_ranks(talk: dict) -> Non
 
 
 def test_isend_then_recv_completes_on_gloo_with_two_ranks(talk: dict) -> None:
-    """exchange() as exercises/ring_allreduce.py has it (isend, blocking recv, wait) works on gloo."""
+    """An isend, then a blocking recv, then a wait (the unbatched exchange notebook 13 says gloo takes) works on gloo."""
     assert all(talk["isend_then_recv"][rank]["same"] is True for rank in (0, 1))
 
 

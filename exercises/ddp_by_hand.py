@@ -6,16 +6,15 @@ Each wrapper holds a model. Every process runs the forward and backward pass on 
 of the batch; before optimizer.step(), the wrapper's finish_gradient_synchronization() must have
 left every gradient equal to the average over all processes (the gradient of the whole batch).
 
-- NaiveDDP: after backward(), one all_reduce per parameter's gradient, then divide.
-- OverlapDDP: an asynchronous all_reduce per parameter, launched from a hook as soon as that
-  gradient is ready, while backward() computes the others; finish waits for them all.
-- BucketedDDP: fewer, larger messages. Parameters are grouped into buckets of at most
-  bucket_size_mb, in reverse order (the order backward() produces their gradients); a bucket's
-  gradients are flattened into one tensor and all-reduced as soon as the last of them is ready.
+- NaiveDDP: synchronises the gradients after backward() has finished.
+- OverlapDDP: the same result, but each gradient's communication starts during backward(), as
+  soon as that gradient is ready, while backward() is still computing the others.
+- BucketedDDP: the same result with fewer, larger messages: gradients travel in groups
+  ("buckets") of at most bucket_size_mb, each group starting as soon as it is complete.
 
-All three start by broadcasting rank 0's parameters and buffers, so that every process trains
-the same model. A parameter that is frozen (requires_grad=False) or unused in the forward pass
-has no gradient, and needs none.
+All three must start every process from the same model: rank 0's. A parameter that is frozen
+(requires_grad=False) or unused in the forward pass has no gradient, and needs none.
+Notebook 20 has the details of each, and hints you open when you want them.
 """
 import argparse
 import datetime
@@ -35,7 +34,8 @@ import torch.nn.functional as F
 
 def broadcast_from_rank_0(module):
     """Every process starts from rank 0's parameters and buffers."""
-    # TODO naive_ddp: broadcast every parameter and buffer from rank 0 (the wrappers all call this).
+    # TODO naive_ddp: afterwards, every process's module holds rank 0's values: every parameter and
+    # every buffer, whatever values each process started with (all three wrappers call this).
     pass  # your code
 
 
@@ -49,8 +49,9 @@ class NaiveDDP(nn.Module):
         return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self):
-        # TODO naive_ddp: all_reduce each parameter's gradient (those that have one), then divide
-        # by the world size: the sum of the processes' gradients becomes their average.
+        # TODO naive_ddp: called after backward() on every process. On return, every parameter that has
+        # a gradient holds the average of that gradient over all processes; one that has none (frozen,
+        # unused) is left alone. Look up: dist.all_reduce.
         pass  # your code
 
 class OverlapDDP(nn.Module):
@@ -58,18 +59,20 @@ class OverlapDDP(nn.Module):
         super().__init__()
         self.module = module
         broadcast_from_rank_0(module)
-        self.pending = []  # (handle, gradient) of the all-reduces launched during this backward
-        # TODO overlap_ddp: on every parameter that trains, register_post_accumulate_grad_hook a
-        # function that launches dist.all_reduce(parameter.grad, async_op=True) and keeps its handle.
+        self.pending = []  # yours to use as you see fit
+        # TODO overlap_ddp: arrange for each gradient's communication to start during backward(), as
+        # soon as that gradient is final (a tied weight's too, after all its uses), without waiting for
+        # it to finish there. Frozen parameters never get a gradient. Look up: Tensor.register_post_accumulate_grad_hook.
 
     def _launch(self, parameter):
-        pass  # your code: called with a parameter whose gradient is ready
+        pass  # your code, if you want this method
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self):
-        # TODO overlap_ddp: wait for every handle, then divide each gradient by the world size.
+        # TODO overlap_ddp: on return, every gradient is the average over all processes, and no
+        # communication started in this step is still running (optimizer.step() reads the gradients next).
         pass  # your code
 
 class BucketedDDP(nn.Module):
@@ -77,16 +80,20 @@ class BucketedDDP(nn.Module):
         super().__init__()
         self.module = module
         broadcast_from_rank_0(module)
-        # TODO bucketed_ddp: group the parameters that train into buckets of at most
-        # bucket_size_mb megabytes (a larger parameter gets a bucket of its own), in the reverse
-        # of module.parameters()'s order; all-reduce a bucket, flattened, once all its gradients are in.
-        pass  # your code: the buckets, and a hook on every parameter that trains
+        # TODO bucketed_ddp: the gradients of the parameters that train travel in buckets: each
+        # bucket holds at most bucket_size_mb megabytes of them (a larger parameter alone in its own), each
+        # is sent as one message, and a bucket starts during backward() as soon as all its gradients are
+        # final. Buckets fill in the order backward() produces gradients, so that the first is complete
+        # first: the check expects the buckets notebook 20 prints.
+        pass  # your code
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self):
-        pass  # your code: every bucket's all-reduce done (a bucket that never filled up too), averaged, copied back
+        # TODO bucketed_ddp: on return, every gradient is the average over all processes, whether or not
+        # every bucket filled up during backward(), and no communication of this step is still running.
+        pass  # your code
 
 
 # The rest compares the three wrappers with DistributedDataParallel: the same weights after a few

@@ -5,14 +5,10 @@
 Data parallelism keeps a whole copy of everything on every process: the parameters, their
 gradients and the optimizer's state. Adam keeps two numbers per parameter (its moving averages),
 so its state is twice the size of the model, and every process holds the same copy of it.
-ZeRO stage 1 cuts that state into shards, one per process:
-
-- the parameters are split into N shards of about the same number of elements;
-- each process makes the real optimizer (optimizer_cls) over its own shard only, so it holds
-  the state of about 1/N of the parameters;
-- step(): each process updates the parameters of its shard (DDP has already averaged every
-  gradient), then sends their new values to the others with dist.broadcast from their owner, so
-  that every process holds the whole, up-to-date model again.
+ZeRO stage 1 cuts that state into shards, one per process: each process keeps the optimizer
+state of its own share of the parameters only, about 1/N of them counted in numbers (elements),
+and after every step all processes again hold the whole, up-to-date model. DDP has already
+averaged every gradient before step() is called. Notebook 21 has hints you open when you want them.
 """
 import argparse
 import datetime
@@ -32,9 +28,9 @@ class ShardedOptimizer:
     def __init__(self, params, optimizer_cls, **kwargs):
         self.params = list(params)  # a generator (model.parameters()) can be read only once
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        # TODO zero: give every parameter an owner, so that each rank owns about 1/N of the elements
-        # (the same owners on every rank), and make optimizer_cls(its parameters, **kwargs) over
-        # this rank's own parameters only.
+        # TODO zero: every parameter belongs to exactly one rank, every rank agrees on who owns what,
+        # and each rank's share is about 1/N of the elements. This rank keeps optimizer state (an
+        # optimizer_cls made with **kwargs) for its own share only.
         pass  # your code
 
     def zero_grad(self, set_to_none=True):
@@ -45,7 +41,8 @@ class ShardedOptimizer:
                 p.grad.zero_()
 
     def step(self):
-        # TODO zero: update this rank's shard, then every parameter goes from its owner to the others.
+        # TODO zero: on return, every parameter on every rank holds the value that optimizer_cls would
+        # have given it unsharded, with the gradients DDP averaged. Look up: dist.broadcast.
         pass  # your code
 
 

@@ -301,6 +301,9 @@ EXERCISE_MISTAKES = [
             "from one process trained on the whole batch"),
     Mistake("naive_no_broadcast", "naive_ddp", (("        dist.broadcast(tensor.data, src=0)\n", "        pass\n"),),
             "kept its own initial weights"),
+    Mistake("naive_buffers_not_broadcast", "naive_ddp", (  # the parameters alone: the model's buffer stays each rank's
+        ("    for tensor in list(module.parameters()) + list(module.buffers()):\n",
+         "    for tensor in module.parameters():\n"),), "buffer shift still held this rank's own initial values"),
     Mistake("naive_frozen_gradient_reduced", "naive_ddp", (
         ("            if parameter.grad is not None:\n                dist.all_reduce(parameter.grad)\n"
          "                parameter.grad /= world_size\n",
@@ -333,7 +336,7 @@ EXERCISE_MISTAKES = [
          "        for parameter in [p for p in module.parameters() if p.requires_grad]:\n"),), "all-reduced tensors of"),
     Mistake("bucketed_leftover_never_sent", "bucketed_ddp", (
         ("        for k in range(len(self.buckets)):\n            if k not in self.pending:\n                self._launch(k)\n",
-         ""),), "from one process trained on the whole batch"),
+         ""),), "holding 5 parameters (unused.bias, unused.weight, hidden.bias, hidden.weight, embed.weight) was never all-reduced"),
     Mistake("bucketed_size_in_elements", "bucketed_ddp", (
         ("            nbytes = parameter.numel() * parameter.element_size()\n",
          "            nbytes = parameter.numel()\n"),), "all-reduced tensors of"),

@@ -234,7 +234,9 @@ DDP_STEPS, DDP_BATCH_PER_RANK, DDP_LR = 3, 4, 0.5
 def ddp_model(seed: int) -> Any:
     """The model every hand-made DDP is tried on: a weight used twice (tied), a frozen layer and a
     layer the forward pass never uses, so a wrapper must cope with gradients that are shared,
-    absent by design and absent by accident."""
+    absent by design and absent by accident; and a buffer (`shift`, no parameter: it has no
+    gradient) that the forward pass adds, drawn from the seed like the weights, so a wrapper that
+    broadcasts rank 0's parameters but not its buffers trains another model on every other rank."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -247,9 +249,11 @@ def ddp_model(seed: int) -> Any:
             self.frozen = nn.Linear(32, 32)
             self.frozen.requires_grad_(False)
             self.unused = nn.Linear(32, 32)
+            # made last, so that the layers' weights are those the same seed gave before it existed
+            self.register_buffer("shift", 0.5 * torch.randn(32))
 
         def forward(self, x: Any) -> Any:
-            h = torch.relu(self.hidden(torch.relu(self.embed(x))))
+            h = torch.relu(self.hidden(torch.relu(self.embed(x))) + self.shift)
             return F.linear(self.frozen(h), self.embed.weight.t())  # the embedding's weight, tied
 
     torch.manual_seed(seed)
@@ -276,6 +280,31 @@ def bucket_plan(model: Any, bucket_size_mb: float, megabyte: int = MEGABYTES[0],
         buckets[-1].append((name, p.numel()))
         size += nbytes
     return buckets
+
+
+def bucket_plans_named(model: Any, bucket_size_mb: float) -> list[list[list[tuple[str, int]]]]:
+    """Every plan bucket_plans() gives, in the same order, each bucket a list of (parameter name, numel)."""
+    plans: list[list[list[tuple[str, int]]]] = []
+    numels: list[list[int]] = []
+    for past_the_size in (False, True):
+        for megabyte in MEGABYTES:
+            plan = bucket_plan(model, bucket_size_mb, megabyte, past_the_size)
+            if [sum(n for _, n in b) for b in plan] not in numels:
+                numels.append([sum(n for _, n in b) for b in plan])
+                plans.append(plan)
+    return plans
+
+
+def _differs_from_rank_0(model: Any) -> dict[str, list[str]]:
+    """The parameters and buffers of `model` that do not hold rank 0's initial values (ddp_model(0)'s),
+    by name: what a wrapper's broadcast left unsynchronised. No collective: every rank can build rank 0's model."""
+    import torch
+
+    first = ddp_model(0)
+    return {kind: [name for (name, mine), (_, theirs) in zip(getattr(model, f"named_{kind}")(),
+                                                          getattr(first, f"named_{kind}")())
+                   if not torch.equal(mine.detach(), theirs.detach())]
+            for kind in ("parameters", "buffers")}
 
 
 def bucket_plans(model: Any, bucket_size_mb: float) -> list[list[int]]:
@@ -341,6 +370,9 @@ def _ddp(rank: int, options: argparse.Namespace, device: Any) -> DdpReport:
                         bucket_plans(model, bucket_size_mb) if bucket_size_mb is not None else [])
         try:
             wrapped = wrapper(model) if bucket_size_mb is None else wrapper(model, bucket_size_mb)
+            # what the wrapper's broadcast left as this rank's own, and (BucketedDDP) the buckets by name
+            emit("wrapped", case=case, differs=_differs_from_rank_0(model),
+                 buckets=bucket_plans_named(model, bucket_size_mb) if bucket_size_mb is not None else [])
 
             def step(x: Any, y: Any) -> None:
                 emit("case_start", case=case, world_size=n)

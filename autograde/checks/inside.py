@@ -2,11 +2,14 @@
 
 The three hand-made DDPs of exercises/ddp_by_hand.py are tried by autograde/checker/functions.py
 (`ddp`): on 2 and then 3 processes, every rank wraps the course's awkward model (a tied weight,
-a frozen layer, a layer the forward pass never uses; each rank initialised differently), trains 3
+a frozen layer, a layer the forward pass never uses, a buffer the forward pass adds; each rank
+initialised differently), trains 3
 SGD steps on its share of each batch, and compares its weights with one process trained on the
 whole batches and with DistributedDataParallel trained alike. The trace says which collectives
 each step made, how large, and whether they started during backward() or only in
-finish_gradient_synchronization().
+finish_gradient_synchronization(); and, right after the wrapper was made, which parameters and
+buffers still held the rank's own values rather than rank 0's ("wrapped" events), with the buckets
+each correct rule makes, by parameter name.
 
 The sharded optimizer (ZeRO stage 1) of exercises/sharded_optimizer.py is tried by functions.py
 `zero` on 2 and 3 processes under DistributedDataParallel, against plain AdamW, and each rank's
@@ -106,6 +109,66 @@ def _broadcast_before_training(trace: ProcessTrace) -> bool:
     return False
 
 
+def _wrapped(trace: ProcessTrace | None) -> dict[int, Event]:
+    """The "wrapped" event of each case of the trace: what the wrapper's broadcast left as the rank's own."""
+    return {e.get("case", 0): e for e in trace.named("wrapped")} if trace is not None else {}
+
+
+def _require_synchronised(where: str, what: str, wrapped: Event | None) -> None:
+    """Right after the wrapper was made, every parameter and buffer holds rank 0's values."""
+    if wrapped is None:
+        return
+    differs = wrapped.get("differs") or {}
+    parameters, buffers = differs.get("parameters") or [], differs.get("buffers") or []
+    require(not parameters, f"{where}: after {what} was made, parameter{'s' if len(parameters) > 1 else ''} "
+            f"{', '.join(parameters)} still held this rank's own initial values, not rank 0's",
+            "broadcast every parameter from rank 0 in __init__ (the frozen and unused ones too), and the buffers")
+    require(not buffers, f"{where}: after {what} was made, the model's buffer{'s' if len(buffers) > 1 else ''} "
+            f"{', '.join(buffers)} still held this rank's own initial values, not rank 0's: the parameters were "
+            "broadcast, the buffers were not, and the forward pass uses them, so each rank trained another model",
+            "a buffer is not a parameter (module.parameters() misses it): broadcast rank 0's buffers too")
+
+
+def _require_every_bucket_sent(run: Run) -> None:
+    """A bucket that was never all-reduced in a step, while the others were (commonly the one holding
+    the unused layer, which never fills up), named with the parameters it held. Judged before the
+    weights, which that bucket leaves each rank's own. A wrapper that sent nothing at all is judged by
+    its weights (it has not begun)."""
+    for (world_size, rank), trace in sorted(_by_rank(run).items()):
+        steps = _steps(trace)
+        if not any(step.during or step.after for step in steps):
+            continue
+        buckets = {case: e.get("buckets") or [] for case, e in _wrapped(trace).items()}
+        for step in steps:
+            got = [e.get("numel") or 0 for e in step.during + step.after]
+            missing: list[list[Any]] | None = None
+            for plan in buckets.get(step.case, []):
+                left, unsent = list(got), []
+                for bucket in plan:
+                    numel = sum(n for _, n in bucket)
+                    if numel in left:
+                        left.remove(numel)
+                    else:
+                        unsent.append(bucket)
+                if not left and not unsent:  # a plan matched: every bucket sent
+                    missing = None
+                    break
+                if not left and (missing is None or len(unsent) < len(missing)):
+                    missing = unsent
+            if missing:
+                bucket = missing[0]
+                names = [name for name, _ in bucket]
+                require(False, f"with buckets of {BUCKET_SIZES[step.case] * 1024:g} KB, rank {rank} of {world_size}: "
+                        f"the bucket of {sum(n for _, n in bucket)} elements holding {len(names)} "
+                        f"parameter{'s' if len(names) > 1 else ''} ({', '.join(names)}) was never all-reduced: its "
+                        "all-reduce never happened in a step, so the gradients in it stayed this rank's own, "
+                        "not the average" + (f" ({len(missing) - 1} more bucket{'s' if len(missing) > 2 else ''} "
+                                             "likewise)" if len(missing) > 1 else ""),
+                        "a bucket holding a parameter that gets no gradient (the unused layer's) never fills up: "
+                        "finish_gradient_synchronization() must send every bucket not sent yet, a missing "
+                        "gradient counting as zeros")
+
+
 def _require_all_waited(run: Run) -> None:
     """Judged before the weights: a request not waited for makes the weights a race, wrong in one run
     and right in the next, while the missing wait is there every time."""
@@ -114,29 +177,44 @@ def _require_all_waited(run: Run) -> None:
             _require_waited(step, f"rank {rank} of {world_size}")
 
 
+def _what(wrapper: str, case: Any) -> str:
+    return f"{wrapper}({'model' if case.bucket_size_mb is None else f'model, {case.bucket_size_mb * 1024:g} KB'})"
+
+
 def _judge_weights(run: Run, wrapper: str) -> list[tuple[DdpReport, ProcessTrace]]:
-    """The weights of every rank and case equal both references; returns each report with its trace."""
+    """The weights of every rank and case equal both references; returns each report with its trace.
+    First, on every rank, what went wrong before training: an error, no broadcast at all, a
+    parameter or buffer left the rank's own (rank 0's weights then differ too, but the cause is
+    another rank's, and is named)."""
     reports = _reports(run)
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     traces = _by_rank(run)
-    paired = []
     for report in reports:
         where = f"with {report.world_size} processes, rank {report.rank}"
         require(report.error is None, f"{where}: {report.error}", f"make {wrapper} work")
         trace = traces.get((report.world_size, report.rank))
         for case in report.cases:
-            what = f"{wrapper}({'model' if case.bucket_size_mb is None else f'model, {case.bucket_size_mb * 1024:g} KB'})"
+            what = _what(wrapper, case)
             require(case.error is None, f"{where}, {what}: {case.error}", f"make {wrapper} work on any model: a "
                     "frozen or unused parameter has no gradient (its grad is None), and takes no hook if frozen")
             if case.from_single > TOLERANCE and trace is not None and not _broadcast_before_training(trace):
                 require(False, f"{where}: {what} trained other weights than one process on the whole batch "
                         f"(by {case.from_single:.1e}); no collective ran before the first step, so each rank "
                         "kept its own initial weights", "broadcast rank 0's parameters and buffers in __init__")
+    for report in reports:
+        for case in report.cases:
+            _require_synchronised(f"with {report.world_size} processes, rank {report.rank}", _what(wrapper, case),
+                                  _wrapped(traces.get((report.world_size, report.rank))).get(case.case))
+    paired = []
+    for report in reports:
+        where = f"with {report.world_size} processes, rank {report.rank}"
+        trace = traces.get((report.world_size, report.rank))
+        for case in report.cases:
             require(case.from_single <= TOLERANCE and case.from_ddp <= TOLERANCE,
-                    f"{where}: after 3 steps, {what} left weights {case.from_single:.1e} from one process trained on "
-                    f"the whole batch, and {case.from_ddp:.1e} from DistributedDataParallel (at most {TOLERANCE:g})",
-                    "every gradient must be the average over the processes: all-reduce (a sum), then divide "
-                    "by the world size, all before optimizer.step()")
+                    f"{where}: after 3 steps, {_what(wrapper, case)} left weights {case.from_single:.1e} from one "
+                    f"process trained on the whole batch, and {case.from_ddp:.1e} from DistributedDataParallel (at "
+                    f"most {TOLERANCE:g})", "every gradient must be the average over the processes: all-reduce (a "
+                    "sum), then divide by the world size, all before optimizer.step()")
         if report.world_size == DDP_WORLD_SIZES[-1] and trace is not None:
             paired.append((report, trace))
     require(len({r.world_size for r in reports}) == len(DDP_WORLD_SIZES), f"the {run.name} ran only with "
@@ -146,8 +224,9 @@ def _judge_weights(run: Run, wrapper: str) -> list[tuple[DdpReport, ProcessTrace
 
 def check_naive_ddp(ws: Workspace) -> str:
     """NaiveDDP on 2 and 3 processes: the same weights as one process on the whole batches and as
-    DistributedDataParallel, to 1e-6, after 3 steps on a model with a tied weight, a frozen layer and
-    an unused one (each rank initialised differently: the wrapper broadcasts rank 0's); each step
+    DistributedDataParallel, to 1e-6, after 3 steps on a model with a tied weight, a frozen layer, an
+    unused one and a buffer (each rank initialised differently: the wrapper broadcasts rank 0's
+    parameters and buffers, and a rank left with its own is named before the weights); each step
     makes one collective per parameter that has a gradient (3 here; 5 when the unused layer's are
     sent as zeros is accepted too)."""
     run = _ddp_run(ws, "NaiveDDP")
@@ -190,9 +269,12 @@ def check_bucketed_ddp(ws: Workspace) -> str:
     all_reduce per bucket, of the sizes the exercise's rule gives (parameters in reverse order, a new
     bucket when the next would overflow it; DDP's own reducer's rule, a bucket closed once it reaches
     the size, and a megabyte of 10**6 bytes pass too: functions.bucket_plans), and every bucket whose
-    gradients all arrive starts its all_reduce during backward()."""
+    gradients all arrive starts its all_reduce during backward(). A bucket never all-reduced while
+    the others were (the unused layer's, never filled) is named, with its parameters, before the
+    weights it leaves wrong."""
     run = _ddp_run(ws, "BucketedDDP", BUCKET_SIZES)
     _require_all_waited(run)
+    _require_every_bucket_sent(run)
     for report, trace in _judge_weights(run, "BucketedDDP"):
         plans = {c.case: c.bucket_plans for c in report.cases}
         for step in _steps(trace):

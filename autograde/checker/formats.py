@@ -55,6 +55,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # around the call of a hand-made DDP's finish_gradient_synchronization() (functions.py `ddp`)
     "sync_start": (),
     "sync_end": (),
+    # once a hand-made DDP is made (functions.py `ddp`): the parameters and buffers that still differ
+    # from rank 0's, and for BucketedDDP each bucket plan it may follow, with parameter names
+    "wrapped": ("case", "differs", "buckets"),
     # with DDP_LAB_COUNT_WORK=1, at destroy_process_group: the elements the process's PyTorch
     # operations produced plus the lines of the learner's file it ran (tracer._count_work)
     "work": ("amount",),

@@ -4,10 +4,11 @@
 
 DDP keeps the whole model, its gradients and the optimizer's state on every process. FSDP
 (`fully_shard`, PyTorch's FSDP2) keeps 1/N of each on each process: a parameter is a DTensor
-whose local piece is this process's shard. Before a layer's forward (and again before its
-backward) the shards are all-gathered into the whole weight, which is freed after use; after
-backward, the gradients are reduce-scattered, so that each process receives the average of its
-own shard only, and the optimizer updates only that shard.
+whose local piece is this process's shard of dim 0. Before a layer's forward (and again before
+its backward) the shards are all-gathered into the whole weight, which is freed after use; during
+backward, as soon as a unit's gradients are ready (the last layer's first), they are
+reduce-scattered, so that each process receives the average of its own shard only, and the
+optimizer updates only that shard.
 
 This script trains the same model both ways on N processes, prints what each process holds
 (parameters, gradients, optimizer state), and checks that both end with the same weights.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from autograde import launch
 from autograde.checker import formats
-from autograde.checker.runs import Run
+from autograde.checker.runs import Run, progress
 from conftest import recorded_trace
 
 
@@ -30,3 +30,15 @@ def test_a_stall_outside_any_collective_says_what_each_process_did_last() -> Non
     assert problem is not None and "no process was in a torch.distributed call" in problem
     assert "rank 0: dist.destroy_process_group() returned" in problem and "process 8: spawn" in problem
     assert run.outside_cause() is None  # a deadlock is the script's, and is not made again
+
+
+def test_a_long_run_says_how_far_its_processes_have_got() -> None:
+    """The line a run prints every HEARTBEAT seconds: the processes, and what the one furthest
+    along did last (its last printed line, a known stage, or its last call)."""
+    joined = {"ev": "exit", "call": "init_process_group", "rank_joined": 1}
+    assert progress({}).startswith("starting the processes")
+    launcher = recorded_trace({"ev": "spawn"}, pid=3)
+    assert progress({3: launcher}) == "1 process running; the first process started the others (mp.spawn)"
+    worker = recorded_trace(joined, {"ev": "print", "text": "epoch 2: loss 0.41"}, {"ev": "step", "n": 14}, pid=4)
+    said = progress({3: launcher, 4: worker})
+    assert said == "2 processes running, 14 optimizer steps; rank 1 printed 'epoch 2: loss 0.41'", said

@@ -34,6 +34,7 @@ from autograde.checker.formats import ProcessTrace, read as read_traces, where
 
 PACKAGE = Path(__file__).resolve().parent
 STARTUP = PACKAGE / "_startup"
+HEARTBEAT = 5.0  # seconds between the lines a long run prints to show it is alive
 STALL_SECONDS = 12.0  # on GPUs, 30: setting up CUDA and NCCL can be slow
 TIME_LIMIT = 120.0
 CPU_PROGRESS = 0.5  # CPU seconds the processes must use, without a trace event, not to count as stalled
@@ -116,6 +117,28 @@ class Run:
             if r.returncode != 0:
                 return f"the {self.name} failed (exit status {r.returncode}): {short(r.stderr or r.stdout)}"
         return None
+
+
+def progress(traces: dict[int, ProcessTrace]) -> str:
+    """How far a run's processes have got, in a few words: how many there are, and what the one
+    furthest along did last (its last printed line, or the last call it made)."""
+    if not traces:
+        return "starting the processes (importing torch takes a few seconds)"
+    ahead = max(traces.values(), key=lambda trace: len(trace.events))
+    said = [e for e in ahead.events if e["ev"] == "print" and str(e.get("text", "")).strip()]
+    last = ahead.events[-1]["ev"] if ahead.events else ""
+    doing = (f"printed {short(str(said[-1]['text']), 80)!r}" if said and ahead.events[-1] is said[-1]
+             else DOING.get(last) or (f"printed {short(str(said[-1]['text']), 80)!r}" if said else ahead.last_seen()))
+    steps = [e for trace in traces.values() for e in trace.named("step")]
+    count = f", {max(int(e.get('n') or 0) for e in steps)} optimizer steps" if steps else ""
+    who = ahead.label() if ahead.rank is not None else "the first process"
+    return f"{len(traces)} process{'es' if len(traces) > 1 else ''} running{count}; {who} {doing}"
+
+
+DOING = {"spawn": "started the others (mp.spawn)", "worker_start": "started its worker",
+         "dataset_enter": "is reading the data set", "download_start": "is downloading the data set",
+         "loader_iter": "is going through a data loader", "first_optimizer_step": "made its first optimizer step",
+         "case_start": "is running your code", "save_enter": "is saving a checkpoint", "load_enter": "is loading a checkpoint"}
 
 
 def signal_name(number: int) -> str:
@@ -318,9 +341,13 @@ class Workspace:
         procs = [launch.start(cmd, cwd=self.root, env={**self._env(trace_dir, gpus[i] if gpus else ""), **(env or {})})
                  for i, cmd in enumerate(commands)]
         size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
+        next_word = started + HEARTBEAT
         while any(p.poll() is None for p in procs) and time.monotonic() - started < TIME_LIMIT:
             time.sleep(0.1)
             polls += 1
+            if self.say and time.monotonic() >= next_word:  # a long run shows it is alive, and how far it got
+                next_word += HEARTBEAT
+                self.say(f"  ... {time.monotonic() - started:.0f} s: {progress(read_traces(trace_dir))}")
             now_size = sum(f.stat().st_size for f in trace_dir.glob("trace-*.jsonl"))
             if now_size != size:
                 size, last_change = now_size, time.monotonic()

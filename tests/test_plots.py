@@ -181,3 +181,20 @@ def test_restart_timeline_shows_each_life_its_checkpoints_and_the_kill() -> None
     crosses = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "X"]
     assert len(crosses) == 1
     assert [ax.get_title(loc="left") for ax in fig.axes] == ["undisturbed", "rank 1 killed"]
+
+
+def test_ring_times_and_the_scaling_fit_fit_each_backend_apart() -> None:
+    """On a GPU node 2 processes run on NCCL and 3-4 on gloo: one fit across both would model two
+    machines as one. Times made from two models give back each backend's own numbers."""
+    models = {"nccl": (10e-6, 20e9), "gloo": (80e-6, 1e9)}
+    backends = {2: "nccl", 3: "gloo", 4: "gloo"}
+    seconds = {n: {s: (2 * (n - 1) * models[backends[n]][0] + 2 * (n - 1) / n * 4 * s / models[backends[n]][1], 0.001)
+                   for s in (1_000, 100_000, 1_000_000)} for n in backends}
+    title = plots.ring_times(seconds, {2: "nccl", 3: "gloo", 4: "gloo"})._suptitle
+    assert title is not None
+    assert "nccl: latency α = 10 µs per message, bandwidth B = 20.00 GB/s" in title.get_text(), title
+    assert "gloo: latency α = 80 µs per message, bandwidth B = 1.00 GB/s" in title.get_text(), title
+    walls = {1: 9.0, 2: 6.0, 3: 7.0, 4: 6.25}  # NCCL for 1-2 (3 + 6/N), gloo for 3-4 (4 + 9/N)
+    labels = [line.get_label() for line in plots.fitted_scaling(walls, backends={1: "nccl", 2: "nccl", 3: "gloo",
+                                                                                  4: "gloo"}).axes[0].get_lines()]
+    assert "fit (nccl): 3.00 + 6.00 / N" in labels and "fit (gloo): 4.00 + 9.00 / N" in labels, labels

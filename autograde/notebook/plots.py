@@ -266,23 +266,40 @@ def pi_shares(world_size: int = 4, intervals: int = 16) -> Figure:
     return _finish(fig)
 
 
-def fitted_scaling(seconds: dict[int, float], what: str = "wall time") -> Figure:
+def _by_backend(numbers: list[int], backends: dict[int, str] | None) -> dict[str, list[int]]:
+    """The numbers of processes grouped by the backend their runs used (one group, "", when not
+    said): a fit across NCCL and gloo runs would model two different machines as one."""
+    groups: dict[str, list[int]] = {}
+    for n in sorted(numbers):
+        groups.setdefault((backends or {}).get(n, ""), []).append(n)
+    return groups
+
+
+def fitted_scaling(seconds: dict[int, float], what: str = "wall time", backends: dict[int, str] | None = None) -> Figure:
     """Measured times against N, with the fit T(N) = T_sequential + T_parallel / N (least squares)
-    and the ideal T(1) / N: the fitted sequential part is what no number of processes removes."""
+    and the ideal T(1) / N: the fitted sequential part is what no number of processes removes.
+    With `backends` ({N: "nccl" or "gloo"}), each backend's runs are fitted apart (a backend with
+    a single N is only drawn)."""
     processes = sorted(seconds)
     if len(processes) < 2:
         raise ValueError("need times for at least two numbers of processes")
-    xs, ys = [1 / n for n in processes], [seconds[n] for n in processes]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-    t_parallel, t_sequential = max(slope, 0.0), mean_y - max(slope, 0.0) * mean_x
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(processes, ys, "o", label=f"measured {what}")
-    ax.plot(processes, [t_sequential + t_parallel / n for n in processes], "-",
-            label=f"fit: {t_sequential:.2f} + {t_parallel:.2f} / N")
+    groups = _by_backend(processes, backends)
+    for backend, ns in groups.items():
+        on = f" ({backend})" if backend else ""
+        ax.plot(ns, [seconds[n] for n in ns], "o", label=f"measured {what}{on}")
+        if len(ns) < 2:
+            continue
+        xs, ys = [1 / n for n in ns], [seconds[n] for n in ns]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+        t_parallel, t_sequential = max(slope, 0.0), mean_y - max(slope, 0.0) * mean_x
+        line, = ax.plot(ns, [t_sequential + t_parallel / n for n in ns], "-",
+                        label=f"fit{on}: {t_sequential:.2f} + {t_parallel:.2f} / N")
+        ax.axhline(t_sequential, linestyle=":", color=line.get_color(),
+                   label=f"sequential part{on}: {t_sequential:.2f} s")
     ax.plot(processes, [seconds[processes[0]] * processes[0] / n for n in processes], "--", color="grey",
             label="ideal: T(1) / N")
-    ax.axhline(t_sequential, linestyle=":", color="black", label=f"sequential part: {t_sequential:.2f} s")
     _scaling_axes(ax, processes, "seconds")
     ax.set_ylim(bottom=0)
     ax.legend(loc="best", fontsize=8)
@@ -333,35 +350,42 @@ def ring_rounds(world_size: int = 4) -> Figure:
     return _finish(fig)
 
 
-def ring_times(seconds: dict[int, dict[int, tuple[float, float]]]) -> Figure:
+def ring_times(seconds: dict[int, dict[int, tuple[float, float]]], backends: dict[int, str] | None = None) -> Figure:
     """Ring all-reduce and dist.all_reduce against the tensor's size, one panel per world size
     (seconds[N][floats] = (ring, all_reduce)), with the ring's model fitted to the ring's
     measurements of all world sizes at once: T = 2(N-1) * alpha + 2(N-1)/N * bytes / bandwidth
-    (alpha: one message's fixed cost, the latency)."""
-    rows = [(n, size, ring) for n, by_size in seconds.items() for size, (ring, _) in by_size.items()]
-    # least squares for (alpha, 1/bandwidth) in T = a * alpha + b * inverse_bandwidth
-    a = [2 * (n - 1) for n, _, _ in rows]
-    b = [2 * (n - 1) / n * 4 * size for n, size, _ in rows]
-    t = [ring for _, _, ring in rows]
-    saa, sab, sbb = sum(x * x for x in a), sum(x * y for x, y in zip(a, b)), sum(y * y for y in b)
-    sat, sbt = sum(x * z for x, z in zip(a, t)), sum(y * z for y, z in zip(b, t))
-    det = saa * sbb - sab * sab
-    alpha = max((sat * sbb - sbt * sab) / det, 0.0) if det else 0.0
-    inverse = max((saa * sbt - sab * sat) / det, 1e-15) if det else 1e-15
+    (alpha: one message's fixed cost, the latency). With `backends` ({N: "nccl" or "gloo"}), the
+    world sizes of each backend are fitted apart: NCCL's links and gloo's are different machines."""
+    fits: dict[int, tuple[float, float]] = {}  # N -> (alpha, 1 / bandwidth) of its backend's fit
+    said = []
+    for backend, ns in _by_backend(list(seconds), backends).items():
+        rows = [(n, size, ring) for n in ns for size, (ring, _) in seconds[n].items()]
+        # least squares for (alpha, 1/bandwidth) in T = a * alpha + b * inverse_bandwidth
+        a = [2 * (n - 1) for n, _, _ in rows]
+        b = [2 * (n - 1) / n * 4 * size for n, size, _ in rows]
+        t = [ring for _, _, ring in rows]
+        saa, sab, sbb = sum(x * x for x in a), sum(x * y for x, y in zip(a, b)), sum(y * y for y in b)
+        sat, sbt = sum(x * z for x, z in zip(a, t)), sum(y * z for y, z in zip(b, t))
+        det = saa * sbb - sab * sab
+        alpha = max((sat * sbb - sbt * sab) / det, 0.0) if det else 0.0
+        inverse = max((saa * sbt - sab * sat) / det, 1e-15) if det else 1e-15
+        fits.update({n: (alpha, inverse) for n in ns})
+        said.append(f"{backend + ': ' if backend else ''}latency α = {alpha * 1e6:.0f} µs per message, "
+                    f"bandwidth B = {1 / inverse / 1e9:.2f} GB/s")
     fig, axes = plt.subplots(1, len(seconds), figsize=(4 * len(seconds), 3.4), sharey=True, squeeze=False)
     for ax, n in zip(axes[0], sorted(seconds)):
         sizes = sorted(seconds[n])
+        alpha, inverse = fits[n]
         ax.loglog(sizes, [seconds[n][s][0] for s in sizes], "o-", label="your ring")
         ax.loglog(sizes, [seconds[n][s][1] for s in sizes], "s-", label="dist.all_reduce")
         ax.loglog(sizes, [2 * (n - 1) * alpha + 2 * (n - 1) / n * 4 * s * inverse for s in sizes], "--",
                   color="black", label="model 2(N-1)(α + S/(N·B))")
-        ax.set_title(f"{n} processes", fontsize=9)
+        ax.set_title(f"{n} processes" + (f" ({backends[n]})" if backends and n in backends else ""), fontsize=9)
         ax.set_xlabel("tensor size (floats)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("seconds")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"fitted: latency α = {alpha * 1e6:.0f} µs per message, bandwidth B = {1 / inverse / 1e9:.2f} GB/s",
-                 fontsize=9)
+    fig.suptitle("fitted: " + "; ".join(said), fontsize=9)
     fig.tight_layout()
     return _finish(fig)
 

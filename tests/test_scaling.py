@@ -164,3 +164,13 @@ def test_speed_fixes_counts_all_reduces_and_writes_a_trace(stand_in: Path, tmp_p
     for rank in (0, 1):
         assert "traceEvents" in json.loads((tmp_path / f"rank{rank}.json").read_text())
     assert timed("--no-sync")["all_reduces_per_step"] == 1
+
+
+def test_strong_scaling_gives_every_gpu_a_busy_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notebook 17's strong-scaling batch: 96 on a CPU; on GPUs, BUSY_PER_GPU for each, so that a
+    GPU is not left waiting on kernel launches with 12-32 images a step."""
+    from autograde.checker import api
+    monkeypatch.setattr(api, "gpu_count", lambda: 0)
+    assert notebook.strong_batch() == notebook.GLOBAL_BATCH == 96
+    monkeypatch.setattr(api, "gpu_count", lambda: 4)
+    assert notebook.strong_batch() == 4 * notebook.BUSY_PER_GPU and notebook.strong_batch() // 4 >= 64

@@ -20,7 +20,8 @@ from autograde.notebook import lab, launching
 
 STUDY_SCRIPT = "exercises/large_batch_training.py"  # your copy: its TODOs only change --scale-lr
 FINISHED = "solutions/large_batch_training.py"
-GLOBAL_BATCH = 96   # strong scaling: divides by 1, 2, 3, 4 and 6 processes
+GLOBAL_BATCH = 96   # strong scaling on a CPU: divides by 1, 2, 3, 4 and 6 processes
+BUSY_PER_GPU = 128  # strong scaling on GPUs: images per GPU and step with every GPU at work (12-32 leave a GPU idle)
 PER_PROCESS = 32    # weak scaling
 BASE_LR = 0.05      # the large-batch runs' rate for one process
 NEVER = 10_000      # --patience: with --target-accuracy 0, every epoch asked for runs (no early stop)
@@ -58,18 +59,29 @@ def processes_to_try() -> list[int]:
     return list(range(1, (3 if lab.QUICK else 4) + 1))
 
 
+def strong_batch() -> int:
+    """The global batch of the strong-scaling study: on GPUs, BUSY_PER_GPU for each GPU, so that
+    even with every GPU at work each one has enough images a step to be busy rather than waiting on
+    kernel launches; on a CPU, GLOBAL_BATCH."""
+    return BUSY_PER_GPU * api.gpu_count() if on_gpus() else GLOBAL_BATCH
+
+
 def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCRIPT,
           folder: str | Path | None = None, epochs: int | None = None) -> dict[int, Path]:
     """One run per number of processes, each writing its log: `kind` "strong" keeps the global
-    batch at GLOBAL_BATCH (each of N processes takes GLOBAL_BATCH / N), "weak" keeps PER_PROCESS
+    batch at strong_batch() (each of N processes takes 1/N of it), "weak" keeps PER_PROCESS
     per process. Returns {N: log file}."""
     if kind not in ("strong", "weak"):
         raise ValueError('kind is "strong" or "weak"')
     out = Path(folder or tempfile.mkdtemp(prefix=f"ddp-lab-{kind}-"))
     out.mkdir(parents=True, exist_ok=True)
     logs = {}
+    total = strong_batch()
+    if kind == "strong":
+        print(f"strong scaling: a global batch of {total} images a step, cut among the processes"
+              + (f" ({BUSY_PER_GPU} per GPU with all {api.gpu_count()} at work)" if on_gpus() else ""))
     for n in processes or processes_to_try():
-        batch = GLOBAL_BATCH // n if kind == "strong" else PER_PROCESS
+        batch = total // n if kind == "strong" else PER_PROCESS
         logs[n] = out / f"{kind}-{n}.jsonl"
         logs[n].unlink(missing_ok=True)
         options, env = run_options()

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from autograde import launch, registry
 from autograde.tools.nbval_runner import learner_copy, nbval
@@ -46,3 +47,13 @@ def test_a_failing_or_hanging_launch_fails_its_cell(tmp_path: Path) -> None:
     assert "2 failed, 2 passed" in result.stdout, result.stdout[-3000:]
     text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)  # nbval colours its report
     assert "LaunchError: exit status 3" in text and "LaunchError: stopped after 2 s" in text, text[-3000:]
+
+
+def test_a_quiet_launch_still_says_it_is_alive(capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell whose launch hides its output (echo=False) prints, every few seconds, how long it has
+    run and its last line so far, rather than nothing until the end."""
+    from autograde.notebook import lab
+    code = "import time; print('epoch 1 of 3', flush=True); time.sleep(lab_beat)".replace("lab_beat", str(lab.HEARTBEAT + 1.5))
+    text = lab.run([launch.PYTHON, "-c", code], timeout=60, echo=False)
+    shown = capsys.readouterr().out
+    assert text == "epoch 1 of 3\n" and f"  ... {lab.HEARTBEAT:.0f} s: epoch 1 of 3" in shown, shown

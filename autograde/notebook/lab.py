@@ -115,6 +115,9 @@ def training_args(**overrides: object) -> list[str]:
     return argv
 
 
+HEARTBEAT = 5.0  # seconds between the lines a run whose output is hidden prints to show it is alive
+
+
 def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool = True,
         env: dict[str, str] | None = None, cwd: str | Path | None = None) -> str:
     """Run `command`, print its output as it comes, and return it; raise LaunchError when it fails.
@@ -124,7 +127,8 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
     failed only because of gloo itself (`launch.gloo_fault`: a process aborted as it left,
     a connection lost as the processes met) is made once more, and the cell says so. A failed
     run whose output was not shown (`echo=False`) shows its last lines, so that the cell says
-    what happened.
+    what happened; while it runs, it says every HEARTBEAT seconds how long it has run and its
+    last line so far.
     """
     returncode, seen = _run_once(command, timeout, echo, env, cwd)
     why = launch.gloo_fault("".join(seen)) if returncode != 0 else None
@@ -148,9 +152,14 @@ def _run_once(command: Sequence[str | Path], timeout: float | None, echo: bool,
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     seen: list[str] = []
-    deadline = time.monotonic() + limit
+    started = time.monotonic()
+    deadline, next_word = started + limit, started + HEARTBEAT
     try:
         while True:
+            if not echo and time.monotonic() >= next_word:  # a quiet run still shows it is alive, and how far
+                next_word += HEARTBEAT
+                last = next((line.strip() for line in reversed(seen) if line.strip()), "")
+                print(f"  ... {time.monotonic() - started:.0f} s" + (f": {last[:100]}" if last else ""), flush=True)
             try:
                 line = lines.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
             except queue.Empty:

@@ -70,8 +70,8 @@ def check_torchrun(ws: Workspace) -> str:
         spawned = [e for t in run.traces.values() for e in t.named("spawn")]
         require(not spawned, f"under {how}, a process called mp.{spawned[0]['call'] if spawned else 'spawn'}"
                 f"(nprocs={spawned[0]['nprocs'] if spawned else '?'}): each of torchrun's processes started more",
-                "torchrun has started every process already: call worker() once, with int(os.environ['LOCAL_RANK']), "
-                "and no mp.spawn")
+                "torchrun has started every process already: the script must start none of its own; each process "
+                "trains as the one torchrun made it, which its environment says")
         by_hand = f"run it yourself: {' '.join(run.argv)} (in a terminal, from the course folder)"
         joined = _joined(run)
         ranks = [(e.get("rank_joined"), e.get("world_size")) for _, e in joined]

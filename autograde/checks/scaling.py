@@ -149,8 +149,8 @@ def check_scaling(ws: Workspace) -> str:
                 f"{'(' + ', '.join(f'{g:.4g}' for g in got_fit if g is not None) + ')' if got_fit else fitted}; "
                 "the least-squares fit is "
                 f"(t_par, t_seq, t_comm) = ({', '.join(f'{x:.4g}' for x in want_fit)})",
-                "one row [1/N, 1, N - 1] per measurement and a least-squares solve (np.linalg.lstsq), "
-                "returning the three parameters in that order")
+                "T(N) is linear in the three parameters, so each measurement is one equation: solve them "
+                "all in the least-squares sense (np.linalg.lstsq), returning (t_par, t_seq, t_comm) in that order")
     for study in STUDIES:
         params = time_model(study)
         returned = value(next(found))

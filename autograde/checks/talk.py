@@ -127,8 +127,8 @@ def check_pi(ws: Workspace) -> str:
         run_ok(run, "the script must run to the end with any --world-size")
         number = _printed_pi(run)
         require(number is not None, f"the {run.name} printed no number near pi: {output_tail(run)}",
-                "add up every rank's part with dist.all_reduce(part) (its default is a sum) before "
-                "printing: one rank's part is only a piece of pi")
+                "every rank must hold the sum of all the ranks' parts before printing (a collective does "
+                "that): one rank's part is only a piece of pi")
         assert number is not None
         require(number.decimals >= 10, f"the {run.name} printed pi as {number.value} ({number.decimals} decimals)",
                 "print pi with at least 10 decimals (f\"{pi:.12f}\"), so that its accuracy shows")
@@ -258,8 +258,8 @@ def _require_ring_messages(what: str, rank: int, events: list[Event], n: int, nu
     peers = {e["peer"] for e in sends}, {e["peer"] for e in receives}
     require(len(peers[0]) == 1 and len(peers[1]) == 1,
             f"{what}: rank {rank} sent to ranks {sorted(peers[0], key=str)} and received from ranks "
-            f"{sorted(peers[1], key=str)}", "in a ring every rank talks only to its two neighbours: send to "
-            "(rank + 1) % N and receive from (rank - 1) % N")
+            f"{sorted(peers[1], key=str)}", "in a ring every rank talks only to its two neighbours: it always sends "
+            "to the same one and always receives from the other")
     biggest = max((e["numel"] or 0) for e in messages)
     require(biggest <= numel / n + n,
             f"{what}: rank {rank} sent or received {biggest:,} floats in one message ({biggest / numel:.0%} of "
@@ -319,7 +319,8 @@ def check_sampler(ws: Workspace) -> str:
             following = orders[(n, size, shuffle, drop_last, seed, epoch + 1)]
             if shuffle:
                 require(following != order, f"{what}, epochs {epoch} and {epoch + 1} had the same order: {list(order)}",
-                        "seed the shuffle with seed + epoch: set_epoch must change the order")
+                        "the shuffle must depend on the seed and the epoch (the same on every rank): set_epoch must "
+                        "change the order")
             else:
                 require(following == order, f"{what}, without shuffle the order changed from epoch {epoch} "
                         f"({list(order)}) to {epoch + 1} ({list(following)})", "without shuffle, keep 0, 1, 2, ...")
@@ -344,11 +345,12 @@ def _require_partition(n: int, shards: list[SamplerCase]) -> None:
     """The N ranks' shards of one case split the data set as documented."""
     first = shards[0]
     what = f"with {_processes(n)}, {_options(first)}, epoch {first.epoch}"
-    hint_len = ("len() and the indices must agree: each rank gets size // N indices with drop_last, else size / N "
-                "rounded up (pad the order to N times that)")
+    hint_len = ("len() and the indices must agree, on every rank the same number: with drop_last the tail "
+                "that does not divide by N is left out, without it the order is padded up to a multiple of N")
     for rank, case in enumerate(shards):
         require(case.again, f"{what}: rank {rank}'s sampler gave other indices when iterated again",
-                "build the order from a generator seeded there and then (seed + epoch), not from a shared state")
+                "build the order there and then from a generator seeded from the seed and the epoch, not "
+                "from a shared random state")
         require(case.length == len(case.indices), f"{what}: rank {rank}'s sampler gave {len(case.indices)} "
                 f"indices, but its len() is {case.length}", hint_len)
         require(all(0 <= i < case.size for i in case.indices),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import inside, lab, launching, scaling, talk
+from autograde.checks import hangs, inside, lab, launching, scaling, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
 RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "scaling", "warmup", "lr", "speed", "ddp", "zero")
+        "scaling", "warmup", "lr", "speed", "ddp", "zero", "hang")
 
 
 def family(run_key: str) -> str:
@@ -137,6 +137,14 @@ ITEMS += [
          "solutions/ddp_by_hand.py", ("ddp",), inside.check_bucketed_ddp, todo="bucketed_ddp"),
     Item("zero", "ZeRO stage 1: a sharded optimizer", 3, INSIDE, "21_sharding", "exercises/sharded_optimizer.py",
          "solutions/sharded_optimizer.py", ("zero",), inside.check_zero, todo="zero"),
+    Item("hang_collective", "fix a hang: a collective on one rank", 1, INSIDE, "23_debugging_hangs",
+         "exercises/hang_collective.py", "solutions/hang_collective.py", ("hang",), hangs.check_hang_collective,
+         todo="hang_collective"),
+    Item("hang_uneven", "fix a hang: uneven batches", 1, INSIDE, "23_debugging_hangs", "exercises/hang_uneven.py",
+         "solutions/hang_uneven.py", ("hang",), hangs.check_hang_uneven, todo="hang_uneven"),
+    Item("hang_early_stop", "fix a hang: early stopping decided on rank 0", 1, INSIDE, "23_debugging_hangs",
+         "exercises/hang_early_stop.py", "solutions/hang_early_stop.py", ("hang",), hangs.check_hang_early_stop,
+         todo="hang_early_stop"),
 ]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
@@ -176,7 +184,7 @@ PARTS = [
     Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[79]_*", ("solutions/speed_fixes.py",)),
     Part(INSIDE, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
-         "2[01]_*", ("solutions/no_sync_accumulation.py", "solutions/fsdp_memory.py", "solutions/model_parallel.py",
+         "2[013]_*", ("solutions/no_sync_accumulation.py", "solutions/fsdp_memory.py", "solutions/model_parallel.py",
                      "solutions/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
 ]
 PART = {part.id: part for part in PARTS}

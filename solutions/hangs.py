@@ -6,7 +6,7 @@
 Every collective (an all-reduce, a broadcast, a barrier, and the all-reduces DDP makes inside
 backward()) must be called by every rank, in the same order. A rank that skips one, or makes one
 more, leaves the others waiting for it: nothing fails, nothing moves, until the process group's
-timeout (here --timeout seconds; the default is 10 minutes, or 30 for NCCL, so in practice a
+timeout (here --timeout seconds; the default is 30 minutes with gloo, 10 with NCCL, so in practice a
 hung job burns its allocation).
 
 - one_rank_collective: a barrier inside code that only rank 0 runs (its saving block); the others

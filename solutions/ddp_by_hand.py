@@ -146,9 +146,9 @@ class BucketedDDP(nn.Module):
 # The rest compares the three wrappers with DistributedDataParallel: the same weights after a few
 # steps, and how long a step takes.
 
-def make_model(seed):
+def make_model(seed, hidden=256):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
 def train(model, sync, batches, rank, world_size, lr=0.05):
@@ -162,6 +162,8 @@ def train(model, sync, batches, rank, world_size, lr=0.05):
         F.cross_entropy(model(images[mine]), labels[mine]).backward()
         sync()
         optimizer.step()
+        if images.is_cuda:
+            torch.cuda.synchronize()  # a GPU works behind Python's back: wait for it before reading the clock
         seconds.append(time.perf_counter() - start)
     # The median step: the first steps (setting up) and a step slowed by the machine's other work weigh nothing.
     return statistics.median(seconds)
@@ -169,18 +171,24 @@ def train(model, sync, batches, rank, world_size, lr=0.05):
 
 def worker(rank, args):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
+    # One GPU per process where there are enough of them (NCCL: where overlap shows), else CPU processes (gloo).
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size
+    if on_gpu:
+        torch.cuda.set_device(rank)  # before the process group: NCCL uses the current device
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=args.world_size,
                             timeout=datetime.timedelta(seconds=60))
     generator = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(args.batch_size, 64, generator=generator),
-                torch.randint(0, 10, (args.batch_size,), generator=generator)) for _ in range(args.steps)]
-    reference = nn.parallel.DistributedDataParallel(make_model(0))
+    batches = [(torch.randn(args.batch_size, 64, generator=generator).to(device),
+                torch.randint(0, 10, (args.batch_size,), generator=generator).to(device)) for _ in range(args.steps)]
+    reference = nn.parallel.DistributedDataParallel(make_model(0, args.hidden).to(device),
+                                                    device_ids=[rank] if on_gpu else None)
     seconds = {"DDP": train(reference, lambda: None, batches, rank, args.world_size)}
     differences = {"DDP": 0.0}
     wrappers = {"NaiveDDP": lambda m: NaiveDDP(m), "OverlapDDP": lambda m: OverlapDDP(m),
                 "BucketedDDP": lambda m: BucketedDDP(m, args.bucket_size_mb)}
     for name, wrap in wrappers.items():
-        model = wrap(make_model(rank))  # ranks other than 0 start elsewhere: the broadcast must fix that
+        model = wrap(make_model(rank, args.hidden).to(device))  # ranks other than 0 start elsewhere: the broadcast must fix that
         seconds[name] = train(model, model.finish_gradient_synchronization, batches, rank, args.world_size)
         difference = max((a - b).abs().max().item()
                          for a, b in zip(model.module.parameters(), reference.module.parameters()))
@@ -217,6 +225,8 @@ def main():
     parser.add_argument("--batch-size", type=positive_int, default=96,
                         help="the global batch (96 divides among 1, 2, 3, 4 or 6 processes)")
     parser.add_argument("--bucket-size-mb", type=float, default=0.25)
+    parser.add_argument("--hidden", type=positive_int, default=256,
+                        help="width of the hidden layers (on GPUs try 4096: a gradient large enough for overlap to pay)")
     parser.add_argument("--json-file", help="also write each wrapper's time per step and difference here")
     args = parser.parse_args()
     if args.batch_size % args.world_size:

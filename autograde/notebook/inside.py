@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autograde.checker import functions
+from autograde.checker import api, functions
 from autograde.notebook import lab
 
 BY_HAND = "exercises/ddp_by_hand.py"
@@ -38,10 +38,19 @@ def json_run(script: str, *args: str, timeout: float = 300) -> dict[str, Any]:
     return found
 
 
+GPU_HIDDEN = 4096  # on GPUs, hidden layers this wide: 2 x 4096^2 weights, 134 MB of gradients a step to all-reduce
+
+
 def compare(world_size: int = 2, steps: int | None = None, script: str = BY_HAND) -> dict[str, Any]:
     """Runs the exercise's own program: each wrapper trains beside DistributedDataParallel on
-    `world_size` processes; returns rank 0's {wrapper: {"seconds": per step, "difference": from DDP}}."""
-    return json_run(script, "--world-size", str(world_size), "--steps", str(steps or (10 if lab.QUICK else 50)))
+    `world_size` processes; returns rank 0's {wrapper: {"seconds": per step, "difference": from DDP}}.
+    With a GPU for each process it runs on NCCL, with a model wide enough for the all-reduces to
+    take time (GPU_HIDDEN), and says so; elsewhere on gloo with the small model."""
+    on_gpus = api.gpu_count() >= world_size
+    hidden = GPU_HIDDEN if on_gpus else 256
+    print(f"{world_size} processes on {'GPUs, NCCL' if on_gpus else 'the CPU, gloo'}, hidden layers of {hidden}")
+    return json_run(script, "--world-size", str(world_size), "--steps", str(steps or (10 if lab.QUICK else 50)),
+                    "--hidden", str(hidden))
 
 
 def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[str]]:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
 RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "scaling", "warmup", "lr", "speed", "ddp", "zero", "hang")
+        "scaling", "warmup", "lr", "speed", "pipeline", "ddp", "zero", "hang")
 
 
 def family(run_key: str) -> str:
@@ -115,6 +115,9 @@ SCALE = "scaling"  # the part "scaling": measure it, model it, find where the ti
 ITEMS += [
     Item("scaling", "speedup, efficiency and a fitted T(N)", 2, SCALE, "17_scaling_study", "exercises/scaling_model.py",
          "solutions/scaling_model.py", ("scaling",), scaling.check_scaling, todo="scaling"),
+    Item("input_pipeline", "an input pipeline that keeps up with training", 2, SCALE, "18_where_time_goes",
+         "exercises/input_pipeline.py", "solutions/input_pipeline.py", ("pipeline",), scaling.check_input_pipeline,
+         todo="input_pipeline"),
     # nbgrader has no "not applicable": a GPU-only item graded on a CPU would give a free point or a
     # zero. It is judged (n/a without 2 GPUs) and reported, but worth no points, like the Optional step.
     Item("speedup", "a speedup of 1.6 or more on 2 GPUs", 0, SCALE, "18_where_time_goes",
@@ -182,7 +185,7 @@ PARTS = [
                                          "solutions/slurm/srun_one_task_per_gpu.sbatch",
                                          "solutions/slurm/srun_torchrun_per_node.sbatch")),
     Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
-         "1[7-9]_*.ipynb", "1[79]_*", ("solutions/speed_fixes.py",)),
+         "1[7-9]_*.ipynb", "1[7-9]_*", ("solutions/speed_fixes.py",)),
     Part(INSIDE, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
          "2[013]_*", ("solutions/no_sync_accumulation.py", "solutions/fsdp_memory.py", "solutions/model_parallel.py",
                      "solutions/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model

@@ -398,3 +398,28 @@ EXERCISE_MISTAKES = [
     Mistake("hang_early_stop_shared_only_to_stop", "hang_early_stop", (  # a collective that only rank 0 makes, once
         (HANG_BROADCAST, "    if stop.item():\n    " + HANG_BROADCAST),), "deadlocked (nothing happened for"),
 ]
+# input_pipeline.py (notebook 18): a pipeline no faster than the handed-out one, or one that trains on other data
+PIPELINE_LOADER = ("    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=4, "
+                   "persistent_workers=True)\n")
+PIPELINE_PRELOAD = ("    images, labels = map(torch.cat, zip(*DataLoader(dataset, batch_size=64, num_workers=8)))\n"
+                    "    memory = torch.utils.data.TensorDataset(images, labels)\n")
+EXERCISE_MISTAKES += [
+    Mistake("input_pipeline_one_worker", "input_pipeline", (  # a worker, but the reads still one after the other
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("num_workers=4", "num_workers=1")),),
+            "most of it between optimizer steps"),
+    Mistake("input_pipeline_preload_one_at_a_time", "input_pipeline", (  # workers, but the disk read in the rank itself
+        (PIPELINE_LOADER, "    images, labels = zip(*(dataset[i] for i in range(len(dataset))))\n"
+                          "    memory = torch.utils.data.TensorDataset(torch.stack(images), torch.tensor(labels))\n"
+                          + PIPELINE_LOADER.replace("(dataset,", "(memory,")),),
+            "before the first optimizer step: reading the data set"),
+    Mistake("input_pipeline_half_the_batches", "input_pipeline", (  # faster by training on less
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=list(sampler)[::2]")),),
+            "took 16 optimizer steps in 2 epochs, not 32"),
+    Mistake("input_pipeline_own_sampler", "input_pipeline", (  # a sampler of its own: another order, never set_epoch
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=DistributedSampler(dataset, seed=1)")),),
+            "in another order than the handed-out one"),
+    Mistake("input_pipeline_normalised", "input_pipeline", (  # preloaded, and normalised on the way: other data
+        (PIPELINE_LOADER, PIPELINE_PRELOAD + "    memory.tensors = ((images - images.mean()) / images.std(), labels)\n"
+                          "    return DataLoader(memory, batch_size=batch_size, sampler=sampler)\n"),),
+            "the same images in the same order, but the model ended with other weights"),
+]

@@ -172,14 +172,17 @@ def fixes(nproc: int = 2, quick: bool = False) -> list[Timing]:
     baseline, the preloaded data and the accumulation pair)."""
     on_gpu = api.gpu_count() >= nproc
     found = []
-    for name, options, note in FIXES:
+    for k, (name, options, note) in enumerate(FIXES, 1):
         if set(options) & GPU_ONLY and not on_gpu:
             found.append(Timing(name, None, None, None, "n/a: needs GPUs"))
             continue
         if quick and options and options[0] not in QUICK_FIXES:
             found.append(Timing(name, None, None, None, "not run in quick mode"))
             continue
+        # each run takes seconds to minutes: say what runs, and what it gave, so the cell is never silent
+        print(f"[{k}/{len(FIXES)}] {name}: speed_fixes.py {' '.join(options) or '(no options)'} ...", flush=True)
         result = timed(*options, nproc=nproc)
+        print(f"      {result['step_time'] * 1000:.1f} ms a step, {result['images_per_sec']:.1f} images/s", flush=True)
         found.append(Timing(name, result["step_time"], result["images_per_sec"], result["all_reduces_per_step"], note))
     return found
 

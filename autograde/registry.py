@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import hangs, inside, lab, launching, scaling, talk
+from autograde.checks import hangs, inside, lab, launching, scaling, slurm, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
 RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "scaling", "warmup", "lr", "speed", "pipeline", "ddp", "zero", "hang")
+        "slurm_env", "scaling", "warmup", "lr", "speed", "pipeline", "ddp", "zero", "hang")
 
 
 def family(run_key: str) -> str:
@@ -110,6 +110,8 @@ ITEMS += [
          todo="checkpoint"),
     Item("resume", "resume after a worker is killed", 2, LAUNCH, "15_fault_tolerance", "exercises/resume_training.py",
          "solutions/resume_training.py", ("checkpoint", "restart"), launching.check_resume, todo="resume"),
+    Item("slurm_env", "SLURM's variables mapped to PyTorch's", 2, LAUNCH, "16_slurm", "exercises/slurm_env.py",
+         "solutions/slurm_env.py", ("slurm_env",), slurm.check_slurm_env, todo="slurm_env"),
 ]
 SCALE = "scaling"  # the part "scaling": measure it, model it, find where the time goes, large batches
 ITEMS += [
@@ -181,7 +183,7 @@ PARTS = [
     Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1[0-3]_*.ipynb",
          "1[0-3]_*", ("exercises/hello_ranks.py",)),
     Part(LAUNCH, "Launching for real: torchrun, checkpoints and restarts, SLURM, nodes that never arrive",
-         "1[4-6]_*.ipynb", "1[4-5]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
+         "1[4-6]_*.ipynb", "1[4-6]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
                                          "solutions/slurm/srun_one_task_per_gpu.sbatch",
                                          "solutions/slurm/srun_torchrun_per_node.sbatch")),
     Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",

@@ -423,3 +423,21 @@ EXERCISE_MISTAKES += [
                           "    return DataLoader(memory, batch_size=batch_size, sampler=sampler)\n"),),
             "the same images in the same order, but the model ended with other weights"),
 ]
+# slurm_env.py (notebook 16): SLURM's variables mapped to PyTorch's
+SLURM_RANK = '"RANK": environ["SLURM_PROCID"]'
+SLURM_ADDR = '"MASTER_ADDR": hosts[0]'
+SLURM_PORT = '"MASTER_PORT": str(PORT_BASE + int(environ["SLURM_JOB_ID"]) % PORT_SPAN)'
+EXERCISE_MISTAKES += [
+    Mistake("slurm_env_rank_is_localid", "slurm_env", ((SLURM_RANK, SLURM_RANK.replace("PROCID", "LOCALID")),),
+            "each of 0 to 7 must be given to one task"),
+    Mistake("slurm_env_master_is_own_node", "slurm_env", ((SLURM_ADDR, '"MASTER_ADDR": environ["SLURMD_NODENAME"]'),),
+            "every task must be told the same one"),
+    Mistake("slurm_env_hostlist_taken_literally", "slurm_env", (
+        (SLURM_ADDR, '"MASTER_ADDR": environ["SLURM_JOB_NODELIST"]'),),
+            "the node list as SLURM writes it is not a host name"),
+    Mistake("slurm_env_fixed_port", "slurm_env", ((SLURM_PORT, '"MASTER_PORT": "29500"'),), "both got the port 29500"),
+    Mistake("slurm_env_port_is_job_id", "slurm_env", ((SLURM_PORT, '"MASTER_PORT": environ["SLURM_JOB_ID"]'),),
+            "the port was '987654', not a whole number from 1024 to 65535"),
+    Mistake("slurm_env_reads_os_environ", "slurm_env", ((SLURM_RANK, SLURM_RANK.replace("environ", "os.environ")),),
+            "raised KeyError"),
+]

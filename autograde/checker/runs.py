@@ -245,7 +245,7 @@ class Workspace:
         """`python <script> ARGV` as the learner would type it (the script starts its own
         processes), traced, made once per `key` ("<family>/<which>": the family is what an item's
         `runs` names in autograde/registry.py). `label` names it in verdicts ("run with 3 processes")."""
-        return self._once(key, label, [str(self.script), *argv], argv, env)
+        return self.once(key, label, [str(self.script), *argv], argv, env)
 
     def torchrun(self, key: str, label: str, nodes: list[tuple[list[str], list[str]]],
                  env: dict[str, str] | None = None) -> Run:
@@ -270,11 +270,13 @@ class Workspace:
         (`task`: what it calls; `options`: its command line, with the world sizes), traced, made
         once per `key` like `launched`. The run's report is {"ranks": [each process's report]}."""
         argv = ["-m", "autograde.checker.functions", task, "--script", str(self.script), *options]
-        return self._once(key, label, argv, options, None, reports=True)
+        return self.once(key, label, argv, options, None, reports=True)
 
-    def _once(self, key: str, label: str, command: list[str], argv: list[str], env: dict[str, str] | None,
+    def once(self, key: str, label: str, command: list[str], argv: list[str], env: dict[str, str] | None,
               reports: bool = False) -> Run:
-        """`python COMMAND` (the run's `argv` is what a verdict shows), made once per key."""
+        """`python COMMAND` (the run's `argv` is what a verdict shows), made once per key: what
+        `launched` and `called` make, and any other command a check needs (the SLURM stand-in's
+        job, say). With `reports`, COMMAND takes `--out DIR` and the run's report is {"ranks": ...}."""
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
             out = ["--out", str(folder)] if reports else []

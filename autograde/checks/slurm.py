@@ -1,0 +1,254 @@
+"""The check of notebook 16 (SLURM): a learner's mapping from SLURM's variables to PyTorch's.
+
+`slurm_env` judges `torch_env_from_slurm(environ)` of exercises/slurm_env.py twice. First the
+function is called (autograde/checker/functions.py `calls`, in a process of its own, never in
+the checker's) for every task of made-up jobs whose node lists SLURM writes compressed and not
+contiguous (`n[01-03,07]`), with the course's stand-in `scontrol` first on PATH, and what it
+returns is compared with what init_process_group's env:// needs. Then the file runs as the tasks
+of real jobs under autograde/tools/fake_slurm.py (sbatch and srun on this machine, the nodes
+127.0.0.1, 127.0.0.2, ...), for several layouts: each task runs the file as `__main__` through
+this module (`python -m autograde.checks.slurm task FILE --out DIR`), which writes down the
+task's SLURM variables and the PyTorch variables it joins with (`DIR/slurm-<task>.json`, the
+run's report), and the trace shows the group it formed.
+Like the other checks, it reads behaviour, never names or wording.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from autograde import launch
+from autograde.checker.formats import Call, CallsReport
+from autograde.checker.runs import Run, Workspace
+from autograde.checker.verdicts import require, run_ok
+from autograde.tools import fake_slurm
+
+FAKE_SLURM = Path(fake_slurm.__file__).resolve()
+TORCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+FUNCTION = "torch_env_from_slurm"
+
+# Made-up jobs: (job id, node list as SLURM writes it, tasks per node). Real clusters' names:
+# zero-padded ranges with a gap, a bare name first, dashes in names, two brackets in one name.
+# The ids 4242-4244 are consecutive: jobs submitted one after the other must not share a port.
+JOBS: tuple[tuple[int, str, int], ...] = (
+    (4242, "n[01-03,07]", 2),
+    (4243, "gpu[9-11]", 1),
+    (4244, "login2,a100-[07-08]", 3),
+    (987654, "r[1-2]n[1-2]", 1),
+)
+# Real jobs under the fake SLURM: nodes x tasks per node.
+LAYOUTS = ((1, 1), (1, 3), (2, 2), (3, 1))
+
+
+def task_environ(job_id: int, nodelist: str, per_node: int, task: int) -> dict[str, str]:
+    """The SLURM variables that srun gives task `task` of a job with `per_node` tasks on each node
+    of `nodelist` (tasks placed node by node, as SLURM's block distribution does)."""
+    hosts = fake_slurm.expand_hostlist(nodelist)
+    nodes, ntasks = len(hosts), len(hosts) * per_node
+    node = task // per_node
+    layout = f"{per_node}(x{nodes})" if nodes > 1 else str(per_node)
+    return {"SLURM_JOB_ID": str(job_id), "SLURM_JOBID": str(job_id), "SLURM_JOB_NAME": "ddp",
+            "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
+            "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes),
+            "SLURM_NTASKS": str(ntasks), "SLURM_NPROCS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+            "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_TASKS_PER_NODE": layout,
+            "SLURM_STEP_TASKS_PER_NODE": layout, "SLURM_CPUS_PER_TASK": "1",
+            "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task % per_node), "SLURM_NODEID": str(node),
+            "SLURMD_NODENAME": hosts[node], "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+            "SLURM_SUBMIT_HOST": hosts[0], "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1"}
+
+
+def _job_tasks(job_id: int, nodelist: str, per_node: int) -> list[dict[str, str]]:
+    tasks = len(fake_slurm.expand_hostlist(nodelist)) * per_node
+    return [task_environ(job_id, nodelist, per_node, t) for t in range(tasks)]
+
+
+def _describe(nodelist: str, per_node: int) -> str:
+    nodes = len(fake_slurm.expand_hostlist(nodelist))
+    return f"{nodes} node{'s' if nodes > 1 else ''} {nodelist} x {per_node} task{'s' if per_node > 1 else ''}"
+
+
+def _scontrol_path(ws: Workspace) -> dict[str, str]:
+    """An environment with the fake SLURM's `scontrol` first on PATH (in a folder of the workspace)."""
+    folder = ws.root / "slurm-bin"
+    if not ws.replaying and not folder.exists():
+        folder.mkdir()
+        fake_slurm.stub(folder, "scontrol")
+    return {"PATH": os.pathsep.join([str(folder), str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])}
+
+
+def _calls_run(ws: Workspace) -> Run:
+    calls = [[FUNCTION, [env]] for job in JOBS for env in _job_tasks(*job)]
+    options = ["--calls", json.dumps(calls)]
+    argv = ["-m", "autograde.checker.functions", "calls", "--script", str(ws.script), *options]
+    return ws.once("slurm_env/calls", f"calls of {FUNCTION} for the tasks of {len(JOBS)} made-up jobs", argv,
+                    options, _scontrol_path(ws), reports=True)
+
+
+def _returned(call: Call, where: str) -> dict[str, str]:
+    """What one call returned, as PyTorch's variables (failing where it is not a dict of strings)."""
+    require(call.error is None, f"{FUNCTION} raised {call.error} for {where}",
+            "compute the variables from `environ`, the dict it is given (the checker calls it with made-up "
+            "tasks, outside any job)")
+    value = call.value
+    require(isinstance(value, dict), f"{FUNCTION} returned {value!r} for {where}, not a dict",
+            f"return a dict with the six variables ({', '.join(TORCH_VARIABLES)})")
+    assert isinstance(value, dict)
+    missing = [k for k in TORCH_VARIABLES if k not in value]
+    require(not missing, f"{FUNCTION} returned no {', '.join(missing)} for {where}",
+            f"return all six variables ({', '.join(TORCH_VARIABLES)})")
+    wrong = {k: value[k] for k in TORCH_VARIABLES if not isinstance(value[k], str)}
+    require(not wrong, f"{FUNCTION} returned {wrong} for {where}: os.environ takes only strings",
+            "every value must be a string, as environment variables are")
+    return {k: value[k] for k in TORCH_VARIABLES}
+
+
+def _port(text: str) -> int | None:
+    return int(text) if text.isdigit() and 1024 <= int(text) <= 65535 else None
+
+
+def judge_job(found: list[dict[str, str]], tasks: list[dict[str, str]], what: str) -> int:
+    """Fail unless `found` (each task's PyTorch variables) is right for the job whose tasks'
+    SLURM variables are `tasks`; the job's port."""
+    n, per_node = len(tasks), int(tasks[0]["SLURM_NTASKS_PER_NODE"])
+    first = fake_slurm.expand_hostlist(tasks[0]["SLURM_JOB_NODELIST"])[0]
+    ranks = [f["RANK"] for f in found]
+    require(sorted(ranks) == sorted(map(str, range(n))),
+            f"in {what}, the tasks got the ranks {', '.join(ranks)}; each of 0 to {n - 1} must be given to one task",
+            "the rank is the task's place in the whole job: unique over all the nodes, not only on its node")
+    sizes = sorted({f["WORLD_SIZE"] for f in found})
+    require(sizes == [str(n)], f"in {what}, the tasks got the world size {' and '.join(sizes)}, not {n}",
+            "the world size is the number of tasks in the whole job")
+    for node in sorted({t["SLURM_NODEID"] for t in tasks}, key=int):
+        mine = [f for f, t in zip(found, tasks) if t["SLURM_NODEID"] == node]
+        name = tasks[[t["SLURM_NODEID"] for t in tasks].index(node)]["SLURMD_NODENAME"]
+        local = [f["LOCAL_RANK"] for f in mine]
+        require(sorted(local) == sorted(map(str, range(per_node))),
+                f"in {what}, the tasks of node {name} got the local ranks {', '.join(local)}; each of 0 to "
+                f"{per_node - 1} must be given to one of them",
+                "the local rank is the task's place among the tasks of its own node")
+        local_sizes = sorted({f["LOCAL_WORLD_SIZE"] for f in mine})
+        require(local_sizes == [str(per_node)],
+                f"in {what}, the tasks of node {name} got the local world size {' and '.join(local_sizes)}, "
+                f"not {per_node}", "the local world size is the number of tasks on the task's node")
+    addresses = sorted({f["MASTER_ADDR"] for f in found})
+    require(addresses == [first],
+            f"in {what}, the tasks got the address{'es' if len(addresses) > 1 else ''} "
+            f"{', '.join(map(repr, addresses))}, not the job's first node {first!r}"
+            + (" (the node list as SLURM writes it is not a host name)"
+               if tasks[0]["SLURM_JOB_NODELIST"] in addresses else "")
+            + (": every task must be told the same one" if len(addresses) > 1 else ""),
+            "every task must get the same MASTER_ADDR: the first host of SLURM_JOB_NODELIST once expanded "
+            "(`scontrol show hostnames` expands it)")
+    zero = [t for f, t in zip(found, tasks) if f["RANK"] == "0"][0]
+    require(zero["SLURMD_NODENAME"] == first,
+            f"in {what}, rank 0 went to a task of node {zero['SLURMD_NODENAME']}, but MASTER_ADDR is {first}",
+            "rank 0 hosts the rendezvous at MASTER_ADDR: it must be a task of the first node")
+    ports = sorted({f["MASTER_PORT"] for f in found})
+    require(len(ports) == 1, f"in {what}, the tasks got different ports: {', '.join(ports)}",
+            "every task of a job must get the same MASTER_PORT")
+    port = _port(ports[0])
+    require(port is not None, f"in {what}, the port was {ports[0]!r}, not a whole number from 1024 to 65535",
+            "MASTER_PORT must be a port an ordinary user may listen on: 1024 to 65535")
+    assert port is not None
+    return port
+
+
+def _task_run(ws: Workspace, nodes: int, per_node: int) -> Run:
+    """The learner's file as the tasks of a job of `nodes` x `per_node` under the fake SLURM."""
+    batch = ws.root / "slurm_env_check.sbatch"
+    if not ws.replaying and not batch.exists():
+        batch.write_text("#!/bin/bash\n# the checker's job: each task runs the learner's file, noted by the checker\n"
+                         f"srun --kill-on-bad-exit=1 {shlex.quote(launch.PYTHON)} -m autograde.checks.slurm task "
+                         f"{shlex.quote(str(ws.script))} \"$@\"\n")  # "$@": --out DIR, the run's report folder
+    argv = ["--nodes", str(nodes), "--ntasks-per-node", str(per_node)]
+    return ws.once(f"slurm_env/{nodes}x{per_node}", f"job of {nodes} node{'s' if nodes > 1 else ''} x {per_node} "
+                    f"task{'s' if per_node > 1 else ''} under the fake SLURM",
+                    ["-I", str(FAKE_SLURM), *argv, str(batch)], argv, None, reports=True)
+
+
+def check_slurm_env(ws: Workspace) -> str:
+    """torch_env_from_slurm(environ), called for every task of 4 made-up jobs (node lists such as
+    n[01-03,07] and r[1-2]n[1-2]; 1 to 3 tasks per node; job ids 4242, 4243, 4244 and 987654),
+    returns strings for RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT such that in each job the ranks are 0..N-1 once each, the local ranks 0..k-1 once
+    each on every node, the sizes are the job's and the node's numbers of tasks, every task has
+    the first host of the expanded node list as its address (and rank 0 runs there), every task
+    the same port, from 1024 to 65535, and no two of the jobs the same port. Then the file runs
+    as the tasks of jobs of 1x1, 1x3, 2x2 and 3x1 nodes x tasks under the fake SLURM: every task
+    joins one gloo group with those variables, at its rank, and makes the all_reduce."""
+    run = _calls_run(ws)
+    ranks = (run.report or {}).get("ranks", [])
+    require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
+    report = CallsReport.from_json(ranks[0])
+    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
+    calls = iter(report.calls)
+    ports: dict[int, int] = {}
+    for job_id, nodelist, per_node in JOBS:
+        tasks = _job_tasks(job_id, nodelist, per_node)
+        what = f"job {job_id} ({_describe(nodelist, per_node)})"
+        found = [_returned(next(calls), f"task {t['SLURM_PROCID']} of {what}") for t in tasks]
+        ports[job_id] = judge_job(found, tasks, what)
+    shared = [(a, b) for a in ports for b in ports if a < b and ports[a] == ports[b]]
+    require(not shared, f"jobs {shared[0][0] if shared else ''} and {shared[0][1] if shared else ''} both got the "
+            f"port {ports[shared[0][0]] if shared else ''}: two jobs that share a node would both want it",
+            "the port must depend on the job, so that jobs with different ids get different ports")
+    for nodes, per_node in LAYOUTS:
+        _judge_task_run(_task_run(ws, nodes, per_node), nodes, per_node)
+    return (f"right variables for all {sum(len(fake_slurm.expand_hostlist(j[1])) * j[2] for j in JOBS)} tasks of "
+            f"{len(JOBS)} made-up jobs (ports {', '.join(str(p) for p in ports.values())}); under the fake SLURM, "
+            f"jobs of {', '.join(f'{n}x{k}' for n, k in LAYOUTS)} nodes x tasks each formed their group")
+
+
+def _judge_task_run(run: Run, nodes: int, per_node: int) -> None:
+    n = nodes * per_node
+    run_ok(run, "the file must run as every task of a job (python exercises/slurm_env.py --nodes 2 "
+                "--ntasks-per-node 2 shows what happens)")
+    joins: list[dict[str, str]] = sorted((run.report or {}).get("ranks", []),  # one per task that joined
+                                         key=lambda e: int(e["SLURM_PROCID"]))
+    require(len(joins) == n, f"in the {run.name}, {len(joins)} of {n} tasks called init_process_group",
+            "each task must join the process group")
+    tasks = [{k: str(e[k]) for k in e if k.startswith("SLURM")} for e in joins]
+    found = [{k: str(e.get(k)) for k in TORCH_VARIABLES} for e in joins]
+    judge_job(found, tasks, f"the {run.name}")
+    joined = {t.rank: t for t in run.traces.values() if t.rank is not None}
+    require(sorted(joined) == list(range(n)), f"in the {run.name}, the ranks that joined were {sorted(joined)}",
+            "each task must join the group with the variables the function returned (init_process_group's env://)")
+    sizes = {e.get("world_size") for t in joined.values() for e in t.named("exit")
+             if e.get("call") == "init_process_group"}
+    require(sizes == {n}, f"in the {run.name}, the group had {sizes} processes, not {n}",
+            "each task must join the group with the variables the function returned")
+    reduced = [r for r, t in joined.items() if any(e.get("call") == "all_reduce" for e in t.named("exit"))]
+    require(len(reduced) == n, f"in the {run.name}, {len(reduced)} of {n} ranks finished the all_reduce",
+            "every task must make the all_reduce that proves the group")
+
+
+def _task(script: str, out: str) -> None:
+    """One task of the checker's job: run the learner's file as `__main__`; when it joins the
+    group, write down the task's SLURM variables and the PyTorch variables it joins with
+    (`out/slurm-<task>.json`)."""
+    import torch.distributed as dist
+
+    traced = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+        seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
+        Path(out, f"slurm-{os.environ.get('SLURM_PROCID')}.json").write_text(json.dumps(seen))
+        return traced(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    sys.argv = [script]
+    sys.path.insert(0, str(Path(script).parent))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["task"] or len(sys.argv) != 5 or sys.argv[3] != "--out":
+        sys.exit("usage: python -m autograde.checks.slurm task SCRIPT --out DIR (a task of the slurm_env check's job)")
+    _task(sys.argv[2], sys.argv[4])

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
 # exercises, one family each ("pi/3": the pi family's run with 3 processes).
 RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "slurm_env", "scaling", "warmup", "lr", "speed", "pipeline", "ddp", "zero", "hang")
+        "slurm_env", "slurm_job", "scaling", "warmup", "lr", "speed", "pipeline", "ddp", "zero", "hang")
 
 
 def family(run_key: str) -> str:
@@ -112,6 +112,8 @@ ITEMS += [
          "solutions/resume_training.py", ("checkpoint", "restart"), launching.check_resume, todo="resume"),
     Item("slurm_env", "SLURM's variables mapped to PyTorch's", 2, LAUNCH, "16_slurm", "exercises/slurm_env.py",
          "solutions/slurm_env.py", ("slurm_env",), slurm.check_slurm_env, todo="slurm_env"),
+    Item("slurm_job", "a batch script that starts the job's tasks", 2, LAUNCH, "16_slurm", "exercises/slurm_job.sbatch",
+         "solutions/slurm_job.sbatch", ("slurm_job",), slurm.check_slurm_job, todo="slurm_job"),
 ]
 SCALE = "scaling"  # the part "scaling": measure it, model it, find where the time goes, large batches
 ITEMS += [

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from autograde import paths, registry
 
-STYLES = sorted((Path(__file__).resolve().parent / "styles" / "exercises").glob("*.py"))
+STYLES = sorted(path for suffix in ("*.py", "*.sbatch")  # .sbatch: a whole batch script (slurm_job)
+                for path in (Path(__file__).resolve().parent / "styles" / "exercises").glob(suffix))
 
 
 def item_of(style: Path) -> str:

@@ -441,3 +441,27 @@ EXERCISE_MISTAKES += [
     Mistake("slurm_env_reads_os_environ", "slurm_env", ((SLURM_RANK, SLURM_RANK.replace("environ", "os.environ")),),
             "raised KeyError"),
 ]
+# slurm_job.sbatch (notebook 16): the batch script that starts the job's tasks
+SLURM_SRUN = "srun --kill-on-bad-exit=1 bash -c '\n"
+SLURM_TASK = """\
+srun --kill-on-bad-exit=1 bash -c '
+    export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID
+    export WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE
+    exec python "$TRAIN_SCRIPT" "$@"
+' bash "$@"
+"""
+EXERCISE_MISTAKES += [
+    Mistake("slurm_job_double_quotes", "slurm_job", (  # the batch script expands the variables: its own task 0's
+        (SLURM_TASK, SLURM_TASK.replace("bash -c '", 'bash -c "').replace("' bash", '" bash')
+         .replace('"$TRAIN_SCRIPT" "$@"', '\\"\\$TRAIN_SCRIPT\\" \\"\\$@\\"')),),
+            "the tasks got the ranks 0, 0, 0, 0"),
+    Mistake("slurm_job_no_kill_on_bad_exit", "slurm_job", ((SLURM_SRUN, SLURM_SRUN.replace("--kill-on-bad-exit=1 ", "")),),
+            "the other tasks went on waiting for it"),
+    Mistake("slurm_job_local_rank_is_procid", "slurm_job", (("LOCAL_RANK=$SLURM_LOCALID", "LOCAL_RANK=$SLURM_PROCID"),),
+            "got the local ranks 2, 3"),
+    Mistake("slurm_job_nodelist_as_address", "slurm_job", (
+        ('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "MASTER_ADDR=$SLURM_JOB_NODELIST"),),
+            "the node list as SLURM writes it is not a host name"),
+    Mistake("slurm_job_one_node", "slurm_job", (("#SBATCH --nodes=2\n", "#SBATCH --nodes=1\n"),),
+            "ran 2 tasks on 1 node, not 4 tasks on 2 nodes"),
+]

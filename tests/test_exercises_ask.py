@@ -4,7 +4,9 @@ docstrings, and every exercise's notebook holds its hints in tiers the learner o
 The answer is what the course's solution has that the handed-out file does not: every line of
 the solution's code that is not in the exercise. None of its expressions may stand in the
 exercise's prose (a formula, an index, a call with its arguments); the API a TODO tells the
-learner to look up is a name, not an expression with its arguments, and passes."""
+learner to look up is a name, not an expression with its arguments, and passes. A batch script
+(.sbatch) is read as bash: its prose is its comment lines (not the shebang, not the #SBATCH
+lines, which are options), its code every other line."""
 from __future__ import annotations
 
 import ast
@@ -21,6 +23,30 @@ from conftest import ROOT
 
 EXERCISES = sorted({(i.file, str(i.checkpoint)) for i in registry.ITEMS if i.part != registry.LAB and i.checkpoint})
 SHORTEST = 14  # characters: shorter expressions (`rank`, `p.grad`) are words a contract needs
+
+
+def _is_prose_line(line: str) -> bool:
+    """A batch script's comment line: not the shebang, not an #SBATCH line (sbatch's options)."""
+    text = line.strip()
+    return text.startswith("#") and not text.startswith(("#!", "#SBATCH"))
+
+
+def _bash_prose(source: str) -> str:
+    return _fold(" ".join(line.strip().lstrip("#") for line in source.splitlines() if _is_prose_line(line)))
+
+
+def _bash_answer(exercise: str, solution: str) -> set[str]:
+    """As _answer, for batch scripts: each added code line, each value assigned in it and each
+    command substitution ($(...), $((...)))."""
+    lines = solution.splitlines()
+    added = [lines[k] for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, exercise.splitlines(), lines).get_opcodes()
+             if tag in ("replace", "insert") for k in range(j1, j2) if not _is_prose_line(lines[k])]
+    found = set()
+    for line in added:
+        code = re.sub(r"\s+#\s.*$", "", line).strip()
+        pieces = [code, *re.split(r"(?<![=!<>])=(?!=)", code)[1:], *re.findall(r"\$\(\(?[^()]*\)?\)", code)]
+        found |= {_fold(p) for p in pieces if len(_fold(p)) >= SHORTEST}
+    return found
 
 
 def _prose(source: str) -> str:
@@ -64,8 +90,9 @@ def _answer(exercise: str, solution: str) -> set[str]:
 @pytest.mark.parametrize("exercise,solution", EXERCISES, ids=[e for e, _ in EXERCISES])
 def test_no_exercise_gives_its_answer_in_its_prose(exercise: str, solution: str) -> None:
     given = (ROOT / exercise).read_text()
-    prose = _prose(given)
-    told = sorted(a for a in _answer(given, (ROOT / solution).read_text()) if a in prose)
+    bash = exercise.endswith(".sbatch")
+    prose = _bash_prose(given) if bash else _prose(given)
+    told = sorted(a for a in (_bash_answer if bash else _answer)(given, (ROOT / solution).read_text()) if a in prose)
     assert not told, f"{exercise} gives the answer away in a comment or docstring: {told}"
 
 
@@ -76,6 +103,18 @@ def test_the_check_finds_an_answer_written_in_a_todo() -> None:
                 "    start = 0\n    return start\n")
     assert any(answer in _prose(exercise) for answer in _answer(exercise, solution))
     assert not any(answer in _prose(solution) for answer in _answer(solution, solution))
+
+
+def test_the_check_finds_an_answer_written_in_a_batch_scripts_todo() -> None:
+    """The same for a batch script: a TODO that spells out the address's command is caught, and
+    the #SBATCH lines and the code are not prose."""
+    solution = "#!/bin/bash\n#SBATCH --nodes=2\nMASTER_ADDR=$(scontrol show hostnames | head -n 1)\nsrun true\n"
+    exercise = ("#!/bin/bash\n# TODO slurm_job: MASTER_ADDR=$(scontrol show hostnames | head -n 1)\n"
+                "srun true\n")
+    assert _bash_answer(exercise, solution) >= {"#SBATCH--nodes=2", "$(scontrolshowhostnames|head-n1)"}
+    assert any(answer in _bash_prose(exercise) for answer in _bash_answer(exercise, solution))
+    assert not any(answer in _bash_prose(solution) for answer in _bash_answer(solution, solution))
+    assert "nodes=2" not in _bash_prose(solution)
 
 
 HINTS = ("Hint 1", "Hint 2", "Hint 3")

@@ -10,6 +10,12 @@ of real jobs under autograde/tools/fake_slurm.py (sbatch and srun on this machin
 this module (`python -m autograde.checks.slurm task FILE --out DIR`), which writes down the
 task's SLURM variables and the PyTorch variables it joins with (`DIR/slurm-<task>.json`, the
 run's report), and the trace shows the group it formed.
+
+`slurm_job` runs the learner's batch script (exercises/slurm_job.sbatch) under the same stand-in:
+as it is (the layout it asks for must be JOB_LAYOUT), with the layouts of JOB_LAYOUTS given on
+sbatch's command line, and once more with one task failing at its start. $TRAIN_SCRIPT is the
+checker's probe (PROBE, written into the workspace), which writes down each task's variables
+(`DIR/slurm-<task>.json`, DIR its trace folder) and joins a gloo group with env://.
 Like the other checks, it reads behaviour, never names or wording.
 """
 from __future__ import annotations
@@ -205,17 +211,23 @@ def check_slurm_env(ws: Workspace) -> str:
             f"jobs of {', '.join(f'{n}x{k}' for n, k in LAYOUTS)} nodes x tasks each formed their group")
 
 
-def _judge_task_run(run: Run, nodes: int, per_node: int) -> None:
+def _judge_task_run(run: Run, nodes: int, per_node: int,
+                    runs: str = "the file must run as every task of a job (python exercises/slurm_env.py --nodes 2 "
+                                "--ntasks-per-node 2 shows what happens)",
+                    seen: tuple[str, str] = ("called init_process_group", "each task must join the process group"),
+                    ) -> None:
+    """Fail unless every task of the run had the right variables (from the reports), and joined
+    the group with them and made the all_reduce (from the traces). `runs`: the hint where the run
+    failed; `seen`: what the reports show of a task, and the hint where some are missing."""
     n = nodes * per_node
-    run_ok(run, "the file must run as every task of a job (python exercises/slurm_env.py --nodes 2 "
-                "--ntasks-per-node 2 shows what happens)")
-    joins: list[dict[str, str]] = sorted((run.report or {}).get("ranks", []),  # one per task that joined
+    joins: list[dict[str, str]] = sorted((run.report or {}).get("ranks", []),  # one per task that reported
                                          key=lambda e: int(e["SLURM_PROCID"]))
-    require(len(joins) == n, f"in the {run.name}, {len(joins)} of {n} tasks called init_process_group",
-            "each task must join the process group")
     tasks = [{k: str(e[k]) for k in e if k.startswith("SLURM")} for e in joins]
     found = [{k: str(e.get(k)) for k in TORCH_VARIABLES} for e in joins]
-    judge_job(found, tasks, f"the {run.name}")
+    if len(joins) == n:  # wrong variables first: they are why such a run fails (an address that is no host's)
+        judge_job(found, tasks, f"the {run.name}")
+    run_ok(run, runs)
+    require(len(joins) == n, f"in the {run.name}, {len(joins)} of {n} tasks {seen[0]}", seen[1])
     joined = {t.rank: t for t in run.traces.values() if t.rank is not None}
     require(sorted(joined) == list(range(n)), f"in the {run.name}, the ranks that joined were {sorted(joined)}",
             "each task must join the group with the variables the function returned (init_process_group's env://)")
@@ -226,6 +238,90 @@ def _judge_task_run(run: Run, nodes: int, per_node: int) -> None:
     reduced = [r for r, t in joined.items() if any(e.get("call") == "all_reduce" for e in t.named("exit"))]
     require(len(reduced) == n, f"in the {run.name}, {len(reduced)} of {n} ranks finished the all_reduce",
             "every task must make the all_reduce that proves the group")
+
+
+# --- slurm_job: the learner's batch script ----------------------------------------------------
+
+JOB_LAYOUT = (2, 2)  # nodes x tasks per node that exercises/slurm_job.sbatch must ask for
+JOB_LAYOUTS = ((1, 3), (3, 1))  # given on sbatch's command line: the script must follow them
+FAIL = "DDP_LAB_SLURM_FAIL"  # set: the probe's last task fails at its start
+# $TRAIN_SCRIPT of the checker's jobs: each task writes down its variables in its trace folder,
+# then joins a gloo group with env:// and makes one all_reduce (stdlib and torch only).
+PROBE = f"""\
+import datetime, json, os, sys
+seen = {{k: v for k, v in os.environ.items() if k.startswith("SLURM")}}
+seen.update({{k: os.environ.get(k) for k in {TORCH_VARIABLES!r}}})
+task = os.environ.get("SLURM_PROCID", "0")
+with open(os.path.join(os.environ["DDP_LAB_TRACE_DIR"], "slurm-" + task + ".json"), "w") as out:
+    json.dump(seen, out)
+if os.environ.get({FAIL!r}) and int(task) == int(os.environ.get("SLURM_NTASKS", "1")) - 1:
+    sys.exit("the checker's probe: task " + task + " fails on purpose")
+import torch
+import torch.distributed as dist
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
+total = torch.ones(1)
+dist.all_reduce(total)
+dist.destroy_process_group()
+"""
+
+
+def _job_run(ws: Workspace, layout: tuple[int, int] | None, fail: bool = False) -> Run:
+    """The learner's batch script under the fake SLURM, its layout given on sbatch's command line
+    (None: the one it asks for), $TRAIN_SCRIPT the checker's probe; with `fail`, its last task fails."""
+    probe = ws.root / "slurm_job_probe.py"
+    if not ws.replaying and not probe.exists():
+        probe.write_text(PROBE)
+    argv = [] if layout is None else ["--nodes", str(layout[0]), "--ntasks-per-node", str(layout[1])]
+    env = {"TRAIN_SCRIPT": str(probe),
+           "PATH": os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])}  # `python`
+    if layout is None:
+        key, label = "asked", "job with the layout the script asks for"
+    else:
+        key, label = f"{layout[0]}x{layout[1]}", (f"job of {layout[0]} node{'s' if layout[0] > 1 else ''} x "
+                                                   f"{layout[1]} task{'s' if layout[1] > 1 else ''} (given to sbatch)")
+    if fail:
+        key, label, env[FAIL] = f"{key}-failing", f"{label}, its last task failing", "1"
+    return ws.once(f"slurm_job/{key}", label, ["-I", str(FAKE_SLURM), *argv, str(ws.script)], argv, env,
+                   reports=True)
+
+
+RUNS_TRAIN_SCRIPT = ("srun must start one task per process of the job, each running $TRAIN_SCRIPT "
+                     "(`python -m autograde.tools.fake_slurm exercises/slurm_job.sbatch` shows what happens)")
+
+
+def check_slurm_job(ws: Workspace) -> str:
+    """The batch script run as it is under the fake SLURM asks for 2 nodes x 2 tasks (as many
+    tasks ran, on as many nodes), and in that job and in jobs of 1x3 and 3x1 given to sbatch,
+    every task runs $TRAIN_SCRIPT (the checker's probe) with RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT right for the job (as slurm_env's check judges
+    them), and they all join one gloo group and make the all_reduce. When the last task fails
+    at its start, srun stops the others: the job ends rather than wait on them."""
+    nodes, per_node = JOB_LAYOUT
+    asked = _job_run(ws, None)
+    reports = (asked.report or {}).get("ranks", [])
+    require(reports, f"no task of the {asked.name} ran $TRAIN_SCRIPT"
+            + (f" ({asked.problem()})" if asked.problem() else ""), RUNS_TRAIN_SCRIPT)
+    got = (len({r.get("SLURM_NODEID") for r in reports}), len(reports))
+    require(got == (nodes, nodes * per_node),
+            f"the {asked.name} ran {got[1]} task{'s' if got[1] > 1 else ''} on {got[0]} node"
+            f"{'s' if got[0] > 1 else ''}, not {nodes * per_node} tasks on {nodes} nodes ({per_node} on each)",
+            f"the script must ask SLURM for {nodes} nodes with {per_node} tasks on each, in its #SBATCH lines")
+    seen = ("ran $TRAIN_SCRIPT", RUNS_TRAIN_SCRIPT)
+    _judge_task_run(asked, nodes, per_node, RUNS_TRAIN_SCRIPT, seen)
+    for layout in JOB_LAYOUTS:
+        _judge_task_run(_job_run(ws, layout), *layout, RUNS_TRAIN_SCRIPT, seen)
+    failing = _job_run(ws, None, fail=True)
+    last = nodes * per_node - 1
+    require(not failing.stalled and not any(r.timed_out for r in failing.results),
+            f"in the {failing.name}, task {last} exited at its start, and the other tasks went on waiting for it "
+            f"(in init_process_group, until the checker stopped them): on a cluster they would hold the nodes "
+            "until their own timeout",
+            "srun lets the other tasks run on when one fails, unless it is told to stop them (--kill-on-bad-exit)")
+    return (f"the script asks for {nodes} nodes x {per_node} tasks; in that job and in jobs of "
+            f"{', '.join(f'{n}x{k}' for n, k in JOB_LAYOUTS)} given to sbatch, every task ran $TRAIN_SCRIPT with "
+            f"the right variables and they formed their group; when task {last} failed, srun stopped the others "
+            f"({failing.results[0].seconds:.0f} s)")
 
 
 def _task(script: str, out: str) -> None:

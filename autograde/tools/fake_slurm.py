@@ -11,8 +11,9 @@ On its PATH it puts two stand-ins:
 
 - `srun` starts the step's tasks, every one as a local process, each with the variables real
   srun gives a task (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, ...); it waits
-  for all of them, and when one fails it stops the others (srun's --kill-on-bad-exit; on unless
-  -K0 is given, where a real cluster follows its KillOnBadExit setting, which is off by default);
+  for all of them, and when one fails it stops the others if it was given -K/--kill-on-bad-exit
+  (as a real cluster does; without it, SLURM's KillOnBadExit setting decides, off by default,
+  and so it is off here: the other tasks run on until they end by themselves);
 - `scontrol show hostnames [LIST]` prints a hostlist's names, one a line.
 
 The nodes are all this machine, each with its own loopback address: 127.0.0.1, 127.0.0.2, ...
@@ -512,7 +513,7 @@ def srun_main(argv: list[str]) -> int:
     where = spread(ntasks, nodes, per_node)
     step = _next_step()
 
-    supervisor = Supervisor(kill_on_bad_exit=bool(options.get("kill-on-bad-exit", 1)))
+    supervisor = Supervisor(kill_on_bad_exit=bool(options.get("kill-on-bad-exit", 0)))  # KillOnBadExit=0
     counts = [where.count(node) for node in range(nodes)]
     for task, node in enumerate(where):
         env = dict(os.environ)

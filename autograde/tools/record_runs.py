@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                 record(name, path, steps, procs, nodes)
             elif name in written:
                 text, item = written[name]
-                script = Path(tmp) / f"{name}.py"
+                script = Path(tmp) / f"{name}{Path(registry.item(item).file).suffix}"  # .py, .sbatch
                 script.write_text(text)
                 record(name, script, same_file(item))
             else:
                 mistake, correct = catalogue[name]
-                script = Path(tmp) / "fashion_mnist.py"
+                script = Path(tmp) / f"fashion_mnist{Path(registry.item(mistake.step).file).suffix}"
                 script.write_text(mistake.apply(correct.read_text()))
                 record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index))
     return 0

@@ -237,9 +237,12 @@ def fake_slurm(batch: str, *args: str | int, nodes: int = 2, ntasks_per_node: in
     if gpus_per_node is not None:
         options += ["--gpus-per-node", str(gpus_per_node)]
     print(f"$ sbatch {' '.join(options)} {batch} {' '.join(map(str, args))}   (faked: no SLURM here)")
-    return lab.run([launch.PYTHON, "-m", "autograde.tools.fake_slurm", *options, course_file(batch), *map(str, args)],
-                   timeout=timeout, env={"TRAIN_SCRIPT": str(course_file(train_script))},
-                   cwd=course_file("notebooks").parent)
+    script = course_file(batch)
+    # sbatch is called from the course folder, the one that holds `batch` (a learner's checkout, or an
+    # nbgrader assignment, whose notebooks lie in the folder itself rather than in notebooks/)
+    folder = script.parents[len(Path(batch).parts) - 1]
+    return lab.run([launch.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script, *map(str, args)],
+                   timeout=timeout, env={"TRAIN_SCRIPT": str(course_file(train_script))}, cwd=folder)
 
 
 

@@ -126,9 +126,12 @@ def progress(traces: dict[int, ProcessTrace]) -> str:
         return "starting the processes (importing torch takes a few seconds)"
     ahead = max(traces.values(), key=lambda trace: len(trace.events))
     said = [e for e in ahead.events if e["ev"] == "print" and str(e.get("text", "")).strip()]
-    last = ahead.events[-1]["ev"] if ahead.events else ""
-    doing = (f"printed {short(str(said[-1]['text']), 80)!r}" if said and ahead.events[-1] is said[-1]
-             else DOING.get(last) or (f"printed {short(str(said[-1]['text']), 80)!r}" if said else ahead.last_seen()))
+    printed = f"printed {short(str(said[-1]['text']), 80)!r}" if said else None
+    last = ahead.events[-1] if ahead.events else None
+    if printed and last is said[-1]:  # its last event is the line it printed
+        doing = printed
+    else:  # a known stage, else its last printed line, else its last call
+        doing = DOING.get(last["ev"] if last else "") or printed or ahead.last_seen()
     steps = [e for trace in traces.values() for e in trace.named("step")]
     count = f", {max(int(e.get('n') or 0) for e in steps)} optimizer steps" if steps else ""
     who = ahead.label() if ahead.rank is not None else "the first process"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
-SOLUTION = SOLUTIONS / "fashion_mnist_solution.py"
+SOLUTION = SOLUTIONS / "fashion_mnist_after_step_10.py"  # the finished lab
 STARTER = REPO / "fashion_mnist.py"
 NOTEBOOKS = REPO / "notebooks"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from autograde.checks import hangs, inside, lab, launching, scaling, slurm, talk
+from autograde.checks import inside, inside_hangs, lab, launching, launching_slurm, scaling, talk
 
 if TYPE_CHECKING:
     from autograde.checker.runs import Workspace
@@ -111,9 +111,9 @@ ITEMS += [
     Item("resume", "resume after a worker is killed", 2, LAUNCH, "15_fault_tolerance", "exercises/resume_training.py",
          "solutions/resume_training.py", ("checkpoint", "restart"), launching.check_resume, todo="resume"),
     Item("slurm_env", "SLURM's variables mapped to PyTorch's", 2, LAUNCH, "16_slurm", "exercises/slurm_env.py",
-         "solutions/slurm_env.py", ("slurm_env",), slurm.check_slurm_env, todo="slurm_env"),
+         "solutions/slurm_env.py", ("slurm_env",), launching_slurm.check_slurm_env, todo="slurm_env"),
     Item("slurm_job", "a batch script that starts the job's tasks", 2, LAUNCH, "16_slurm", "exercises/slurm_job.sbatch",
-         "solutions/slurm_job.sbatch", ("slurm_job",), slurm.check_slurm_job, todo="slurm_job"),
+         "solutions/slurm_job.sbatch", ("slurm_job",), launching_slurm.check_slurm_job, todo="slurm_job"),
 ]
 SCALE = "scaling"  # the part "scaling": measure it, model it, find where the time goes, large batches
 ITEMS += [
@@ -145,12 +145,12 @@ ITEMS += [
     Item("zero", "ZeRO stage 1: a sharded optimizer", 3, INSIDE, "21_sharding", "exercises/sharded_optimizer.py",
          "solutions/sharded_optimizer.py", ("zero",), inside.check_zero, todo="zero"),
     Item("hang_collective", "fix a hang: a collective on one rank", 1, INSIDE, "23_debugging_hangs",
-         "exercises/hang_collective.py", "solutions/hang_collective.py", ("hang",), hangs.check_hang_collective,
+         "exercises/hang_collective.py", "solutions/hang_collective.py", ("hang",), inside_hangs.check_hang_collective,
          todo="hang_collective"),
     Item("hang_uneven", "fix a hang: uneven batches", 1, INSIDE, "23_debugging_hangs", "exercises/hang_uneven.py",
-         "solutions/hang_uneven.py", ("hang",), hangs.check_hang_uneven, todo="hang_uneven"),
+         "solutions/hang_uneven.py", ("hang",), inside_hangs.check_hang_uneven, todo="hang_uneven"),
     Item("hang_early_stop", "fix a hang: early stopping decided on rank 0", 1, INSIDE, "23_debugging_hangs",
-         "exercises/hang_early_stop.py", "solutions/hang_early_stop.py", ("hang",), hangs.check_hang_early_stop,
+         "exercises/hang_early_stop.py", "solutions/hang_early_stop.py", ("hang",), inside_hangs.check_hang_early_stop,
          todo="hang_early_stop"),
 ]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
@@ -181,18 +181,18 @@ class Part:
 
 PARTS = [
     Part(LAB, "The DDP Lab: fashion_mnist.py, Steps 0-10", "0*.ipynb", "*step*",
-         ("exercises/big_batch_equivalence.py",)),
+         ("demos/big_batch_equivalence.py",)),
     Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1[0-3]_*.ipynb",
-         "1[0-3]_*", ("exercises/hello_ranks.py",)),
+         "1[0-3]_*", ("demos/hello_ranks.py",)),
     Part(LAUNCH, "Launching for real: torchrun, checkpoints and restarts, SLURM, nodes that never arrive",
          "1[4-6]_*.ipynb", "1[4-6]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
-                                         "solutions/slurm/srun_one_task_per_gpu.sbatch",
-                                         "solutions/slurm/srun_torchrun_per_node.sbatch")),
+                                         "demos/slurm/srun_one_task_per_gpu.sbatch",
+                                         "demos/slurm/srun_torchrun_per_node.sbatch")),
     Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
-         "1[7-9]_*.ipynb", "1[7-9]_*", ("solutions/speed_fixes.py",)),
+         "1[7-9]_*.ipynb", "1[7-9]_*", ("demos/speed_fixes.py",)),
     Part(INSIDE, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
-         "2[013]_*", ("solutions/no_sync_accumulation.py", "solutions/fsdp_memory.py", "solutions/model_parallel.py",
-                     "solutions/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
+         "2[013]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/model_parallel.py",
+                     "demos/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
 ]
 PART = {part.id: part for part in PARTS}
 

@@ -17,12 +17,12 @@ from torchvision.transforms import ToTensor
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autograde import data, launch  # noqa: E402
-from autograde.checker import formats  # noqa: E402
+from autograde import data, processes  # noqa: E402
+from autograde import protocol as formats  # noqa: E402
 
 SOLUTIONS = ROOT / "solutions"
 STARTER = ROOT / "fashion_mnist.py"
-SOLUTION = SOLUTIONS / "fashion_mnist_solution.py"
+SOLUTION = SOLUTIONS / "fashion_mnist_after_step_10.py"  # the finished lab
 PROBE = Path(__file__).resolve().parent / "probe"
 TRAIN_SIZE, VAL_SIZE = 640, 301  # 301: two processes' validation shards need the sampler's padding
 # Small and quick: the narrow model, one thread per process, big enough batches.
@@ -84,20 +84,20 @@ def reference_metrics(script: Path, weights: dict[str, torch.Tensor], root: Path
 
 
 def run_script(script: str | Path, *args: str | Path, timeout: float, env: dict[str, str] | None = None,
-               records: Sequence[Path] = ()) -> launch.Result:
-    """Launch one of the course's multi-process scripts, as `launch.run_python` does, made once
+               records: Sequence[Path] = ()) -> processes.Result:
+    """Launch one of the course's multi-process scripts, as `processes.run_python` does, made once
     more on a fault of gloo's (`again_on_gloo_fault`)."""
-    return again_on_gloo_fault(lambda: launch.run_python(script, *args, timeout=timeout, env=env), records)
+    return again_on_gloo_fault(lambda: processes.run_python(script, *args, timeout=timeout, env=env), records)
 
 
-def again_on_gloo_fault(run: Callable[[], launch.Result], records: Sequence[Path] = ()) -> launch.Result:
-    """`run()`, and once more if, and only if, gloo itself made it fail (`launch.gloo_fault`: a
+def again_on_gloo_fault(run: Callable[[], processes.Result], records: Sequence[Path] = ()) -> processes.Result:
+    """`run()`, and once more if, and only if, gloo itself made it fail (`processes.gloo_fault`: a
     process aborted as it left, a connection lost as the processes met): the script's doing is
     judged by what its run printed, which such a failure takes away. Any other failure stands.
     (The notebooks' `lab.run` does the same, and the checker for learners' runs.) `records`:
     folders the run's processes write into, emptied before it is made again."""
     result = run()
-    if result.returncode != 0 and launch.gloo_fault(result.output):
+    if result.returncode != 0 and processes.gloo_fault(result.output):
         for folder in records:
             for path in folder.iterdir():
                 path.unlink()
@@ -105,7 +105,7 @@ def again_on_gloo_fault(run: Callable[[], launch.Result], records: Sequence[Path
     return result
 
 
-def assert_clean_error(result: launch.Result, *words: str) -> None:
+def assert_clean_error(result: processes.Result, *words: str) -> None:
     """A non-zero exit with one error line that mentions `words`, no traceback, nothing left running."""
     assert not result.timed_out, f"hung instead of failing:\n{result.output}"
     assert result.returncode != 0, result.output

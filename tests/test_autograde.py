@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch, registry
+from autograde import processes, registry
 from autograde.checker import api, cache, devices
 from autograde.checker.verdicts import Result
 from conftest import ROOT, SOLUTION, STARTER
@@ -24,7 +24,7 @@ def test_the_launched_mistakes_are_catalogued() -> None:
 
 
 def test_finished_solution_passes_everything_from_the_command_line() -> None:
-    result = launch.run([launch.PYTHON, "-m", "autograde", "check", "--all", "--json", "--script", SOLUTION],
+    result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--all", "--json", "--script", SOLUTION],
                         timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.output
     verdicts = {r["step"]: r["status"] for r in json.loads(result.stdout)}
@@ -68,7 +68,7 @@ def test_assert_step_raises_with_the_failure_message(capsys: pytest.CaptureFixtu
 
 
 def test_several_steps_at_once_from_the_command_line() -> None:
-    result = launch.run([launch.PYTHON, "-m", "autograde", "check", "--step", "0", "1", "--json", "--script", SOLUTION],
+    result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--step", "0", "1", "--json", "--script", SOLUTION],
                         timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.output
     assert [(r["step"], r["status"]) for r in json.loads(result.stdout)] == [("0", "pass"), ("1", "pass")]
@@ -81,11 +81,11 @@ def test_three_processes_on_one_node_as_a_grader_may_ask() -> None:
 
 
 def test_bad_arguments_get_one_line(tmp_path: Path) -> None:
-    unknown = launch.run([launch.PYTHON, "-m", "autograde", "check", "--step", "11"], timeout=60, cwd=ROOT)
+    unknown = processes.run([processes.PYTHON, "-m", "autograde", "check", "--step", "11"], timeout=60, cwd=ROOT)
     assert unknown.returncode == 2 and "unknown step '11'" in unknown.stderr and "Traceback" not in unknown.output
-    layout = launch.run([launch.PYTHON, "-m", "autograde", "check", "--procs-per-node", "0"], timeout=60, cwd=ROOT)
+    layout = processes.run([processes.PYTHON, "-m", "autograde", "check", "--procs-per-node", "0"], timeout=60, cwd=ROOT)
     assert layout.returncode == 2 and "at least 1" in layout.stderr and "Traceback" not in layout.output
-    missing = launch.run([launch.PYTHON, "-m", "autograde", "check", "--script", tmp_path / "nope.py"],
+    missing = processes.run([processes.PYTHON, "-m", "autograde", "check", "--script", tmp_path / "nope.py"],
                          timeout=60, cwd=ROOT)
     assert missing.returncode == 2 and "no script at" in missing.stderr and "Traceback" not in missing.output
 
@@ -219,7 +219,7 @@ def test_an_exercise_is_checked_by_launching_its_file_as_a_learner_would() -> No
     """`make check STEP=pi` finds exercises/compute_pi.py by itself, launches it (the launched kind
     of run; every other verdict on it is replayed in tests/test_checks_recorded.py), and points
     at the exercise's TODO."""
-    result = launch.run(["make", "--no-print-directory", "-s", "check", "STEP=pi"], cwd=ROOT, timeout=600,
+    result = processes.run(["make", "--no-print-directory", "-s", "check", "STEP=pi"], cwd=ROOT, timeout=600,
                         env={"DDP_LAB_FRESH": "1"})
     assert result.returncode != 0, result.output
     assert "# TODO pi" in result.output and "Step pi" not in result.output and "of the work" in result.output, result.output
@@ -233,7 +233,7 @@ def test_a_ring_that_deadlocks_is_stopped_with_each_ranks_call_named(tmp_path: P
     (mistake,) = [m for m in EXERCISE_MISTAKES if m.name == "ring_blocking_send_first"]
     script = tmp_path / "ring_allreduce.py"
     script.write_text(mistake.apply((ROOT / "solutions" / "ring_allreduce.py").read_text()))
-    result = launch.run(["make", "--no-print-directory", "-s", "check", "STEP=ring", f"SCRIPT={script}"], cwd=ROOT,
+    result = processes.run(["make", "--no-print-directory", "-s", "check", "STEP=ring", f"SCRIPT={script}"], cwd=ROOT,
                         timeout=300, env={"DDP_LAB_FRESH": "1"})
     assert result.returncode != 0 and "deadlocked" in result.output, result.output
     assert "rank 0 in dist.send() (line" in result.output and "rank 1 in dist.send() (line" in result.output, result.output

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch, registry
+from autograde import processes, registry
 from conftest import QUICK, ROOT, SOLUTION, STARTER, assert_clean_error, probe_env
 
 # Stands in for "no network": urllib sends every download to a port where nothing listens.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
 
 
-def solution(*args: str | Path, timeout: float = 60, env: dict[str, str] | None = None) -> launch.Result:
-    return launch.run_python(SOLUTION, *args, timeout=timeout, env=env)
+def solution(*args: str | Path, timeout: float = 60, env: dict[str, str] | None = None) -> processes.Result:
+    return processes.run_python(SOLUTION, *args, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -25,7 +25,7 @@ def solution(*args: str | Path, timeout: float = 60, env: dict[str, str] | None 
     (["--num-gpus", "two"], ["--num-gpus", "invalid int"]),
 ])
 def test_impossible_layouts_are_refused(args: list[str], words: list[str]) -> None:
-    assert_clean_error(solution(*args, "--master-port", str(launch.free_port())), *words)
+    assert_clean_error(solution(*args, "--master-port", str(processes.free_port())), *words)
 
 
 def test_more_processes_than_gpus_is_refused(tmp_path: Path) -> None:
@@ -47,8 +47,8 @@ def test_busy_master_port_is_refused(stand_in: Path) -> None:
 def test_offline_without_data_says_where_to_put_it(script: Path, tmp_path: Path) -> None:
     args = ["--data-dir", tmp_path / "data", *QUICK]
     if script == SOLUTION:
-        args += ["--num-gpus", "2", "--master-port", str(launch.free_port())]
-    result = launch.run_python(script, *args, timeout=90, env=OFFLINE)
+        args += ["--num-gpus", "2", "--master-port", str(processes.free_port())]
+    result = processes.run_python(script, *args, timeout=90, env=OFFLINE)
     assert_clean_error(result, "no Fashion-MNIST", str(tmp_path / "data"), "make synthetic-data")
 
 
@@ -56,12 +56,12 @@ def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     result = solution("--num-gpus", "2", "--data-dir", blocker / "data", *QUICK,
-                      "--master-port", str(launch.free_port()), env=OFFLINE)
+                      "--master-port", str(processes.free_port()), env=OFFLINE)
     assert_clean_error(result, "no Fashion-MNIST", "a_file")
 
 
 def test_gpu_check_says_no_gpu_in_one_line_where_there_is_none() -> None:
-    result = launch.run(["make", "--no-print-directory", "-s", "gpu-check"], timeout=300, cwd=ROOT,
+    result = processes.run(["make", "--no-print-directory", "-s", "gpu-check"], timeout=300, cwd=ROOT,
                         env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.output
     (line,) = result.stdout.strip().splitlines()
@@ -76,5 +76,5 @@ EXERCISES = sorted({file for part in registry.PARTS if part.id != registry.LAB f
 @pytest.mark.parametrize("exercise", EXERCISES)
 @pytest.mark.parametrize("value,words", [("0", "below 1"), ("two", "not a whole number")])
 def test_an_exercise_refuses_a_bad_world_size_in_one_line(exercise: str, value: str, words: str) -> None:
-    result = launch.run_python(ROOT / exercise, "--world-size", value, timeout=60)
+    result = processes.run_python(ROOT / exercise, "--world-size", value, timeout=60)
     assert_clean_error(result, "--world-size", words)

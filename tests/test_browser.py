@@ -29,14 +29,14 @@ from typing import Any
 
 import pytest
 
-from autograde import data, launch
+from autograde import data, processes
 from conftest import ROOT
 
 CHROMIUM = Path(os.environ.get("DDP_LAB_CHROMIUM", "/usr/bin/chromium"))
 # Known to work here, as root, with no network but the package registries.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-VENV = Path(launch.PYTHON).parent.parent  # the environment running the tests: the repository's .venv
+VENV = Path(processes.PYTHON).parent.parent  # the environment running the tests: the repository's .venv
 VIEWPORT = {"width": 1280, "height": 800}
 CHECK_TIMEOUT = 240  # s: a cold check on 2 busy cores takes seconds; importing torch alone takes ~2 s
 PROGRESS_TIMEOUT = 600  # s: the welcome notebook checks every step (~20 s from the command line on 2 cores)
@@ -84,7 +84,7 @@ class Lab:
 
     def __init__(self, tmp: Path, artifacts: Path) -> None:
         self.course = copy_course(tmp / "course")
-        self.port, self.token = launch.free_port(), uuid.uuid4().hex
+        self.port, self.token = processes.free_port(), uuid.uuid4().hex
         self.url = f"http://127.0.0.1:{self.port}"
         self.marker = uuid.uuid4().hex  # in the environment of everything the server starts, to find leftovers
         self.opened = tmp / "browser-opened.txt"

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from autograde import launch
+from autograde import processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +45,7 @@ def _process(rank: int, world_size: int, port: int, out: str, body: Callable[[in
 def _on_processes(body: Callable[[int, int], Any], tmp_path: Path, world_size: int = 2) -> list[Any]:
     """What `body(rank, world_size)` returned on each of `world_size` gloo processes (forked: torch
     is imported already)."""
-    mp.start_processes(_process, args=(world_size, launch.free_port(), str(tmp_path), body), nprocs=world_size,
+    mp.start_processes(_process, args=(world_size, processes.free_port(), str(tmp_path), body), nprocs=world_size,
                        start_method="fork")
     return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(world_size)]
 

@@ -142,13 +142,13 @@ def _env(**extra: str) -> dict[str, str]:
 def test_init_process_group_reads_rank_and_world_size_from_the_environment() -> None:
     """Notebook 14's hints: with neither rank= nor world_size=, init_process_group's default
     init_method "env://" reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."""
-    from autograde import launch
+    from autograde import processes
 
     program = ("import torch.distributed as dist; dist.init_process_group('gloo'); "
                "print(dist.get_rank(), dist.get_world_size()); dist.destroy_process_group()")
     result = _run([sys.executable, "-c", program],
                   _env(OMP_NUM_THREADS="1", RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(launch.free_port())), timeout=60)
+                       MASTER_PORT=str(processes.free_port())), timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "1"]
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from autograde import launch
+from autograde import processes
 from conftest import run_script
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,7 +103,7 @@ def talk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, dict[s
     script, out = folder / "talk.py", folder / "out"
     script.write_text(TALK)
     out.mkdir()
-    result = run_script(script, str(launch.free_port()), out, timeout=90, records=[out])
+    result = run_script(script, str(processes.free_port()), out, timeout=90, records=[out])
     assert result.returncode == 0 and not result.timed_out, result.output
     found: dict[str, dict[int, dict[str, Any]]] = {}
     for path in sorted(out.glob("*.jsonl")):

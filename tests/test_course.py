@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import course, launch, registry
+from autograde import course, processes, registry
 from conftest import ROOT, snapshot
 
 LAB = registry.PART[registry.LAB]
@@ -21,8 +21,8 @@ POINTS = {item.id: item.points for item in registry.ITEMS if item.graded and ite
 STUDENT, SCRIPT = "through_step_5", snapshot(5)
 
 
-def make(target: str, course_dir: Path, timeout: float, *variables: str) -> launch.Result:
-    result = launch.run(["make", "--no-print-directory", target, *variables], cwd=ROOT, timeout=timeout,
+def make(target: str, course_dir: Path, timeout: float, *variables: str) -> processes.Result:
+    result = processes.run(["make", "--no-print-directory", target, *variables], cwd=ROOT, timeout=timeout,
                         env={"DDP_LAB_COURSE_DIR": str(course_dir)})
     assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
     return result
@@ -100,7 +100,7 @@ def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, m
 
 
 def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
-    result = launch.run(["make", "--no-print-directory", "grade"], cwd=ROOT, timeout=120,
+    result = processes.run(["make", "--no-print-directory", "grade"], cwd=ROOT, timeout=120,
                         env={"DDP_LAB_COURSE_DIR": str(tmp_path)})
     assert result.returncode != 0 and "Traceback" not in result.output
     assert f"error: no submissions: put each in {tmp_path}/submitted/<student>/{registry.LAB}/" in result.output

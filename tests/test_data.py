@@ -8,7 +8,7 @@ import pytest
 import torch
 from torchvision.datasets import FashionMNIST
 
-from autograde import data, launch
+from autograde import data, processes
 from autograde.checker import output
 from conftest import STARTER, assert_clean_error
 
@@ -43,29 +43,29 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 
 
 def test_command_line_writes_it_and_refuses_bad_sizes(tmp_path: Path) -> None:
-    ok = launch.run([launch.PYTHON, "-m", "autograde.data", "synthetic", "--root", tmp_path,
+    ok = processes.run([processes.PYTHON, "-m", "autograde.data", "synthetic", "--root", tmp_path,
                      "--train-size", "30", "--val-size", "10"], timeout=60)
     assert ok.returncode == 0 and "SYNTHETIC" in ok.stdout, ok.output
     assert len(FashionMNIST(str(tmp_path), train=False)) == 10
-    bad = launch.run([launch.PYTHON, "-m", "autograde.data", "synthetic", "--root", tmp_path,
+    bad = processes.run([processes.PYTHON, "-m", "autograde.data", "synthetic", "--root", tmp_path,
                       "--train-size", "0"], timeout=60)
     assert_clean_error(bad, "--train-size")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    unwritable = launch.run([launch.PYTHON, "-m", "autograde.data", "synthetic", "--root", blocker / "x"], timeout=60)
+    unwritable = processes.run([processes.PYTHON, "-m", "autograde.data", "synthetic", "--root", blocker / "x"], timeout=60)
     assert_clean_error(unwritable, "cannot write")
 
 
 def test_download_offline_gives_one_line(tmp_path: Path) -> None:
     offline = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
-    result = launch.run([launch.PYTHON, "-m", "autograde.data", "download", "--root", tmp_path], timeout=90,
+    result = processes.run([processes.PYTHON, "-m", "autograde.data", "download", "--root", tmp_path], timeout=90,
                         env=offline)
     assert_clean_error(result, "could not download", "make synthetic-data")
 
 
 def test_accuracy_climbs_over_epochs_as_on_the_real_thing(tmp_path: Path) -> None:
     data.write_synthetic(tmp_path, train_size=1500, val_size=500, seed=7)
-    result = launch.run_python(STARTER, "--data-dir", tmp_path, "--widen-factor", "1", "--batch-size", "32",
+    result = processes.run_python(STARTER, "--data-dir", tmp_path, "--widen-factor", "1", "--batch-size", "32",
                                "--epochs", "3", "--target-accuracy", "1.0", timeout=240)
     assert result.returncode == 0, result.output
     accuracies = [e.val_accuracy for e in output.epochs(result.stdout)]

@@ -26,7 +26,7 @@ import pytest
 from nbgrader.validator import Validator
 from traitlets.config import Config
 
-from autograde import course, launch, registry
+from autograde import course, processes, registry
 from conftest import ROOT, SOLUTION, snapshot
 
 LEARNERS = {"alice": SOLUTION, "bob": snapshot(5)}
@@ -36,7 +36,7 @@ BOB = sum(item.points for item in registry.ITEMS if item.part == registry.LAB an
 
 def make(target: str, course_dir: Path, timeout: float, **variables: str) -> str:
     """`make TARGET VAR=value ...` in the repository, the course kept in `course_dir`; its output."""
-    result = launch.run(["make", "--no-print-directory", target, *(f"{k}={v}" for k, v in variables.items())],
+    result = processes.run(["make", "--no-print-directory", target, *(f"{k}={v}" for k, v in variables.items())],
                         cwd=ROOT, timeout=timeout, env={"DDP_LAB_COURSE_DIR": str(course_dir)})
     assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
     return result.output
@@ -55,7 +55,7 @@ class Learner:
         """A learner's nbgrader command, as the README gives it (the course's venv on PATH)."""
         cmd = ["nbgrader", *args, registry.LAB, f"--course={course.COURSE_ID}", f"--Exchange.root={exchange}",
                f"--student={self.name}"]
-        result = launch.run(cmd, cwd=self.work, timeout=120,
+        result = processes.run(cmd, cwd=self.work, timeout=120,
                             env={"HOME": str(self.home), "JUPYTER_DATA_DIR": str(self.home / ".local/share/jupyter")})
         assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
         return result.output
@@ -185,7 +185,7 @@ def test_a_learner_validates_with_nbgraders_api(graded: Course) -> None:
 
 def test_exchange_commands_without_an_exchange_folder_say_what_to_do(tmp_path: Path) -> None:
     missing = tmp_path / "no-exchange"
-    result = launch.run(["make", "--no-print-directory", "collect", f"EXCHANGE={missing}"], cwd=ROOT, timeout=120,
+    result = processes.run(["make", "--no-print-directory", "collect", f"EXCHANGE={missing}"], cwd=ROOT, timeout=120,
                         env={"DDP_LAB_COURSE_DIR": str(tmp_path / "course")})
     assert result.returncode != 0 and "Traceback" not in result.output
     assert f"error: no exchange folder {missing}: create it, writable by everyone" in result.output

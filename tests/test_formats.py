@@ -1,4 +1,4 @@
-"""The trace and report formats (autograde/checker/formats.py) are what the writers write and
+"""The trace and report formats (autograde/protocol.py) are what the writers write and
 what the readers read: every recorded run conforms to them, and every field in them is read."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autograde import paths
-from autograde.checker import formats
+from autograde import protocol as formats
 from autograde.tools.record_runs import OUT
 
 RECORDINGS = sorted(OUT.glob("*.json.gz"))

@@ -1,4 +1,4 @@
-"""The two faults of gloo itself that the course forgives a launch, once (launch.GLOO_FAULTS): a
+"""The two faults of gloo itself that the course forgives a launch, once (processes.GLOO_FAULTS): a
 process aborted as it leaves, and a connection found closed as the processes meet. Both are rare
 (once each in a CI run of the suite), so each is played by a script that fails with its sign on
 its first run and succeeds on the second; a script failing in any other way must still fail. They
@@ -12,13 +12,13 @@ from typing import Sequence
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.checker.runs import Run
 from autograde.notebook import lab
 from conftest import recorded_trace, run_script
 
 # What each fault printed in CI (the mesh line shortened to its parts that matter), and how it ended.
-ABORT = (launch.TEARDOWN_ABORT, "os.abort()")
+ABORT = (processes.TEARDOWN_ABORT, "os.abort()")
 MESH = ("RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
         "tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:44740. This is typically caused by a remote "
         "worker crashing.", "sys.exit(1)")
@@ -63,8 +63,8 @@ def test_any_other_failure_stands(tmp_path: Path) -> None:
 @FAULTS
 def test_a_notebook_cell_makes_it_once_more_and_says_why(tmp_path: Path, fault: tuple[str, str],
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    text = lab.run([launch.PYTHON, _fails_first(tmp_path, *fault)], timeout=30)
-    why = launch.gloo_fault(fault[0])
+    text = lab.run([processes.PYTHON, _fails_first(tmp_path, *fault)], timeout=30)
+    why = processes.gloo_fault(fault[0])
     assert why and text.endswith("done\n")
     assert f"({why}: a rare PyTorch fault, not this script's doing; running it once more)" in capsys.readouterr().out
 
@@ -75,7 +75,7 @@ def test_a_notebook_cell_fails_on_any_other_failure_and_shows_its_hidden_output(
     script = _fails_first(tmp_path, "RuntimeError: Gloo connectFullMesh failed with [pair.h:301] Connect timeout",
                           "sys.exit(1)")
     with pytest.raises(lab.LaunchError, match="Connect timeout"):  # a peer that never came: the script's
-        lab.run([launch.PYTHON, script], timeout=30, echo=False)
+        lab.run([processes.PYTHON, script], timeout=30, echo=False)
     shown = capsys.readouterr().out
     assert "running it once more" not in shown and "Connect timeout" in shown
 
@@ -83,14 +83,14 @@ def test_a_notebook_cell_fails_on_any_other_failure_and_shows_its_hidden_output(
 def _recorded(returncode: int, output: str = "", crashes: Sequence[str] = ()) -> Run:
     """A run as the checker records it: its command's exit status and output, and the error that
     each of its processes raised (one process per crash)."""
-    result = launch.Result(returncode=returncode, stdout=output, stderr="", timed_out=False, seconds=3.0, leftover=False)
+    result = processes.Result(returncode=returncode, stdout=output, stderr="", timed_out=False, seconds=3.0, leftover=False)
     traces = {pid: recorded_trace({"ev": "crash", "error": error}, pid=pid) for pid, error in enumerate(crashes, 7)}
     return Run("workers run", [result], traces)
 
 
 def test_the_checker_makes_a_run_again_when_gloo_failed_as_the_processes_met() -> None:
-    assert _recorded(1, crashes=[MESH[0], MESH[0]]).outside_cause() == launch.gloo_fault(MESH[0])
-    assert _recorded(1, MESH[0]).outside_cause() == launch.gloo_fault(MESH[0])  # the checker's own processes
+    assert _recorded(1, crashes=[MESH[0], MESH[0]]).outside_cause() == processes.gloo_fault(MESH[0])
+    assert _recorded(1, MESH[0]).outside_cause() == processes.gloo_fault(MESH[0])  # the checker's own processes
 
 
 def test_the_checker_blames_the_script_when_any_process_failed_of_its_own() -> None:
@@ -116,5 +116,5 @@ def test_an_abort_is_the_scripts_unless_its_output_is_one_of_gloos_faults() -> N
     vacuously: a message of the wrong size is the script's mistake, gloo's teardown abort is not."""
     assert _recorded(-signal.SIGABRT, ENFORCE).outside_cause() is None
     assert "aborted by PyTorch's C++ code: op.preamble.length" in (_recorded(-signal.SIGABRT, ENFORCE).problem() or "")
-    assert _recorded(-signal.SIGABRT, launch.TEARDOWN_ABORT).outside_cause() == launch.gloo_fault(launch.TEARDOWN_ABORT)
+    assert _recorded(-signal.SIGABRT, processes.TEARDOWN_ABORT).outside_cause() == processes.gloo_fault(processes.TEARDOWN_ABORT)
     assert _recorded(-signal.SIGKILL).outside_cause() == "a process was killed by signal SIGKILL"  # the OOM killer, say

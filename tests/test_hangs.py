@@ -1,4 +1,4 @@
-"""Debugging hangs (notebook 23): solutions/hangs.py really hangs, and the notebook's helpers find
+"""Debugging hangs (notebook 23): demos/hangs.py really hangs, and the notebook's helpers find
 where each rank waits (py-spy, and faulthandler without it), read TORCH_DISTRIBUTED_DEBUG=DETAIL's
 verdict, and leave no process behind. That each fix finishes is proved by the notebook itself,
 which runs all three under nbval (tests/test_notebooks.py) and fails on a launch that fails."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.notebook import hangs
 from conftest import ROOT
 
@@ -22,10 +22,10 @@ def _hangs_running(deadline: float = 30.0) -> list[int]:
     """Live processes that a launch of this test started (each carries its launch's mark, and runs
     hangs.py or py-spy), once they have had up to `deadline` seconds to be reaped: a loaded machine
     can take a while to end the processes a launch killed."""
-    own = os.environ.get(launch.MARK)
+    own = os.environ.get(processes.MARK)
     give_up = time.monotonic() + deadline
     while True:
-        left = [pid for state, _, _, pid, mark in launch._processes() if mark and mark != own and state != "Z"
+        left = [pid for state, _, _, pid, mark in processes._processes() if mark and mark != own and state != "Z"
                 and _runs_hangs(pid)]
         if not left or time.monotonic() > give_up:
             return left
@@ -68,14 +68,14 @@ def test_a_run_that_does_not_hang_is_said_in_one_line() -> None:
 
 
 def test_the_fix_for_uneven_batches_needs_ddp() -> None:
-    result = launch.run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
+    result = processes.run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
     assert result.returncode == 2 and "Join" in result.stderr and "Traceback" not in result.output, result.output
 
 
 def test_a_hang_that_times_out_ends_in_one_line() -> None:
     """The README's `--bug uneven_batches --timeout N`: the job hangs until the process group gives
     up, then says which rank stopped waiting and why in one line, not a traceback per rank."""
-    result = launch.run_python(SCRIPT, "--world-size", "2", "--bug", "uneven_batches", "--timeout", "5", timeout=90)
+    result = processes.run_python(SCRIPT, "--world-size", "2", "--bug", "uneven_batches", "--timeout", "5", timeout=90)
     assert result.returncode == 1 and not result.timed_out and "Traceback" not in result.output, result.output[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("hangs.py:")]
     assert re.fullmatch(r"hangs\.py: rank [01] stopped waiting: .*Timed out waiting 5000ms.*", line), line

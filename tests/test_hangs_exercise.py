@@ -1,4 +1,4 @@
-"""The hang checks of notebook 23 (autograde/checks/hangs.py) on traces made by hand: how a run
+"""The hang checks of notebook 23 (autograde/checks/inside_hangs.py) on traces made by hand: how a run
 that still hangs is reported, and how the printed results are read, whatever their wording. (The
 checks on real runs: tests/test_checks_recorded.py replays the exercises, their solutions, the
 styles of tests/styles/exercises/hang_*.py and the catalogued mistakes.)"""
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.checker.runs import Run
 from autograde.checker.verdicts import Failed
-from autograde.checks import hangs
+from autograde.checks import inside_hangs as hangs
 from conftest import recorded_trace
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,7 +21,7 @@ def _joined(rank: int) -> dict:
 
 def _run(stalled: bool, *traces: list[dict]) -> Run:
     found = {pid: recorded_trace(*events, pid=pid) for pid, events in enumerate(traces, start=1)}
-    return Run("run with --world-size 2", [launch.Result(1 if stalled else 0, "", "", False, 20.0, False)], found,
+    return Run("run with --world-size 2", [processes.Result(1 if stalled else 0, "", "", False, 20.0, False)], found,
                stalled=stalled)
 
 

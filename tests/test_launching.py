@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.checker import api
 from autograde.checker.verdicts import Failed
 from autograde.notebook import launching
@@ -49,30 +49,30 @@ def _running(name: str) -> list[int]:
 
 def test_the_torchrun_script_refuses_to_run_without_torchrun() -> None:
     assert "RANK" not in os.environ
-    result = launch.run_python(TORCHRUN_SCRIPT, "--epochs", "1", timeout=60)
+    result = processes.run_python(TORCHRUN_SCRIPT, "--epochs", "1", timeout=60)
     assert_clean_error(result, "torchrun")
 
 
 def test_a_node_that_never_arrives_fails_in_one_line_at_its_timeout(stand_in: Path) -> None:
     """Rank 0 of a group of 2 started alone, --timeout 3: one clear line after a few seconds, not a hang."""
-    env = launching.as_rank(0, 2, launch.free_port())
-    result = launch.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--widen-factor", "1", "--timeout", "3",
+    env = launching.as_rank(0, 2, processes.free_port())
+    result = processes.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--widen-factor", "1", "--timeout", "3",
                                timeout=60, env=env)
     assert_clean_error(result, "1/2 clients joined")
     assert result.seconds < 40
 
 
 def test_two_jobs_on_one_port_the_second_says_so(stand_in: Path) -> None:
-    port = launch.free_port()
+    port = processes.free_port()
     env = launching.as_rank(0, 2, port)
-    first = launch.start([launch.PYTHON, TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "60"], env=env)
+    first = processes.start([processes.PYTHON, TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "60"], env=env)
     try:
         deadline = time.monotonic() + 60
         while not launching.listening(port) and time.monotonic() < deadline:
             time.sleep(0.2)
-        second = launch.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "20", timeout=60, env=env)
+        second = processes.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "20", timeout=60, env=env)
     finally:
-        first_result = launch.finish(first, 0.1)
+        first_result = processes.finish(first, 0.1)
     assert_clean_error(second, "address already in use")
     assert not first_result.leftover
 
@@ -86,12 +86,12 @@ def test_torch_distributed_debug_detail_names_the_disagreeing_ranks() -> None:
 
 def test_a_launch_that_is_stopped_takes_torchruns_workers_with_it(tmp_path: Path) -> None:
     """torchrun starts each worker in a session of its own, outside the launch's process group;
-    the launch's mark (launch.MARK) still finds them when the launch is stopped."""
+    the launch's mark (processes.MARK) still finds them when the launch is stopped."""
     program = tmp_path / "sleeper.py"
     # One write(2) per line: launches set PYTHONUNBUFFERED, under which print() writes its pieces one by one
     # and the two workers' lines can interleave ("workerworker  76107611").
     program.write_text("import os, time\nos.write(1, f'worker {os.getpid()}\\n'.encode())\ntime.sleep(300)\n")
-    proc = launch.start([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    proc = processes.start([processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          program], merge_stderr=True)
     lines: queue.Queue[str] = queue.Queue()  # read in a thread: readline() alone would ignore the deadline
     assert proc.stdout is not None
@@ -109,7 +109,7 @@ def test_a_launch_that_is_stopped_takes_torchruns_workers_with_it(tmp_path: Path
         assert len(workers) == 2, f"torchrun's workers did not both start within 60 s: {''.join(output)[-3000:]}"
         assert all(os.getsid(w) != os.getsid(proc.pid) for w in workers), "torchrun's workers share the launch's session"
     finally:
-        launch.kill_group(proc.pid)
+        processes.kill_group(proc.pid)
         proc.wait()
     time.sleep(0.5)
     alive = [w for w in workers if _alive(w)]
@@ -159,7 +159,7 @@ def test_a_rank_that_reads_a_checkpoint_being_written_is_told_so_in_words(monkey
     reader = recorded_trace({**joined, "rank": 1}, {"ev": "wait"}, {"ev": "load_enter", "path": path},
                             {"ev": "crash", "error": "RuntimeError: PytorchStreamReader failed reading zip archive: "
                                                       "failed finding central directory (line 50)"}, pid=8)
-    result = launch.Result(returncode=1, stdout="", stderr="", timed_out=False, seconds=9.0, leftover=False)
+    result = processes.Result(returncode=1, stdout="", stderr="", timed_out=False, seconds=9.0, leftover=False)
     run = Run("undisturbed torchrun run", [result], {7: writer, 8: reader}, argv=["--checkpoint", path])
     assert checks.read_while_written(run, path) == "rank 1 read checkpoint.pt while rank 0 was still writing the checkpoint of epoch 1"
     assert "PytorchStreamReader" in (run.problem() or "")  # the cause, not the peer's lost connection

@@ -1,4 +1,4 @@
-"""Model parallelism (notebook 22): solutions/model_parallel.py launched for real, each split against
+"""Model parallelism (notebook 22): demos/model_parallel.py launched for real, each split against
 the unsplit computation, and the pipeline's timeline; the bubble's arithmetic and its pictures."""
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde import launch, registry
+from autograde import processes, registry
 from autograde.tools.nbval_runner import learner_copy, nbval
 from conftest import ROOT
 
@@ -31,7 +31,7 @@ def test_every_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
 
 
 def test_notebooks_are_stored_without_outputs() -> None:
-    result = launch.run([Path(launch.PYTHON).parent / "nbstripout", "--verify", "--keep-id", *NOTEBOOKS], timeout=120)
+    result = processes.run([Path(processes.PYTHON).parent / "nbstripout", "--verify", "--keep-id", *NOTEBOOKS], timeout=120)
     assert result.returncode == 0, f"notebooks with outputs (run nbstripout --keep-id on them): {result.output}"
 
 
@@ -54,6 +54,6 @@ def test_a_quiet_launch_still_says_it_is_alive(capsys: pytest.CaptureFixture[str
     run and its last line so far, rather than nothing until the end."""
     from autograde.notebook import lab
     code = "import time; print('epoch 1 of 3', flush=True); time.sleep(lab_beat)".replace("lab_beat", str(lab.HEARTBEAT + 1.5))
-    text = lab.run([launch.PYTHON, "-c", code], timeout=60, echo=False)
+    text = lab.run([processes.PYTHON, "-c", code], timeout=60, echo=False)
     shown = capsys.readouterr().out
     assert text == "epoch 1 of 3\n" and f"  ... {lab.HEARTBEAT:.0f} s: epoch 1 of 3" in shown, shown

@@ -1,8 +1,8 @@
 """How a run's ending is told, on recorded traces (no launch: these are the words, not the runs)."""
 from __future__ import annotations
 
-from autograde import launch
-from autograde.checker import formats
+from autograde import processes
+from autograde import protocol as formats
 from autograde.checker.runs import Run, progress
 from conftest import recorded_trace
 
@@ -11,7 +11,7 @@ JOINED = [{"ev": "enter", "call": "init_process_group"}, {"ev": "exit", "call": 
 
 
 def _stalled(*process_traces: formats.ProcessTrace) -> Run:
-    result = launch.Result(returncode=-9, stdout="", stderr="", timed_out=False, seconds=13.0, leftover=False)
+    result = processes.Result(returncode=-9, stdout="", stderr="", timed_out=False, seconds=13.0, leftover=False)
     return Run("two-node run", [result], {t.pid: t for t in process_traces}, stalled=True)
 
 

@@ -1,5 +1,5 @@
 """Scaling (part 4): the speedup measurement, the large-batch schedule rule, the logs the
-notebooks read, and solutions/speed_fixes.py's counts and traces.
+notebooks read, and demos/speed_fixes.py's counts and traces.
 
 The verdicts of the part's checks on its exercises, their mistakes and other styles are replayed
 from recordings in tests/test_checks_recorded.py; here what only a launch proves, and the
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.checker import judge, speed
-from autograde.checker.formats import ProcessTrace
+from autograde.protocol import ProcessTrace
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed
 from autograde.checks import scaling
@@ -132,8 +132,8 @@ def test_the_logs_the_notebooks_read_give_times_per_epoch_and_per_step(tmp_path:
 
 def test_the_finished_script_logs_a_json_line_per_epoch(stand_in: Path, tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    result = again_on_gloo_fault(lambda: launch.run(
-        [launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", FINISHED,
+    result = again_on_gloo_fault(lambda: processes.run(
+        [processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", FINISHED,
          "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "64", "--epochs", "2",
          "--target-accuracy", "0", "--scale-lr", "--log-file", log], timeout=180, env={"OMP_NUM_THREADS": "1"}))
     assert result.returncode == 0, result.output[-2000:]
@@ -150,8 +150,8 @@ def test_speed_fixes_counts_all_reduces_and_writes_a_trace(stand_in: Path, tmp_p
     """With --accumulate 2, DDP all-reduces after both backward passes, and only after the last one
     inside no_sync; --profile writes a trace per rank that a trace viewer opens (Chrome's format)."""
     def timed(*options: object) -> dict:
-        result = again_on_gloo_fault(lambda: launch.run(
-            [launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        result = again_on_gloo_fault(lambda: processes.run(
+            [processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
              ROOT / "solutions" / "speed_fixes.py", "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "16",
              "--steps", "3", "--warmup-steps", "1", "--accumulate", "2", *options], timeout=180,
             env={"OMP_NUM_THREADS": "1"}))

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from autograde import data, launch
+from autograde import data, processes
 from autograde.checker import output
 from conftest import ROOT
 
@@ -30,10 +30,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / "README.md").read_text()
 
 
-def make_run(data_dir: Path, synthetic_dir: Path) -> launch.Result:
-    return launch.run([launch.PYTHON, "-m", "autograde.tools.run", "--data-dir", data_dir, "--synthetic-dir", synthetic_dir,
+def make_run(data_dir: Path, synthetic_dir: Path) -> processes.Result:
+    return processes.run([processes.PYTHON, "-m", "autograde.tools.run", "--data-dir", data_dir, "--synthetic-dir", synthetic_dir,
                        "--synthetic-size", "640", "301", "--", "--epochs", "1", "--batch-size", "64",
-                       "--master-port", str(launch.free_port())], timeout=240, cwd=ROOT)
+                       "--master-port", str(processes.free_port())], timeout=240, cwd=ROOT)
 
 
 def test_make_run_without_data_trains_on_the_labelled_stand_in(tmp_path: Path) -> None:
@@ -65,14 +65,14 @@ def test_every_make_target_in_the_readme_is_defined_once() -> None:
     assert {"lab", "test", "run", "check", "bench", "data", "synthetic-data", "release", "grade", "learner-mode",
             "instructor-mode", "test-notebooks"} <= set(targets)
     for target in targets:
-        dry = launch.run(["make", "-n", target], timeout=60, cwd=ROOT)
+        dry = processes.run(["make", "-n", target], timeout=60, cwd=ROOT)
         assert dry.returncode == 0, dry.output
         assert "warning" not in dry.stderr.lower(), dry.stderr
 
 
 INSTRUCTOR_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"]
 INSTRUCTOR_SERVER_EXTENSIONS = ["nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list"]
-VENV = Path(launch.PYTHON).parent.parent
+VENV = Path(processes.PYTHON).parent.parent
 # What a Jupyter server started with `env` would load: which plugins are off, which server extensions on.
 EFFECTIVE = """import json, os
 from jupyter_core.paths import jupyter_config_path
@@ -83,7 +83,7 @@ print(json.dumps({"disabled": [k for k, v in get_static_page_config(level="all")
 
 
 def effective(env: dict[str, str]) -> tuple[set[str], dict[str, bool]]:
-    found = launch.run([launch.PYTHON, "-c", EFFECTIVE], timeout=120, env=env)
+    found = processes.run([processes.PYTHON, "-c", EFFECTIVE], timeout=120, env=env)
     assert found.returncode == 0, found.output
     loaded = json.loads(found.stdout)
     return set(loaded["disabled"]), loaded["server"]
@@ -110,7 +110,7 @@ def test_learner_mode_switches_nbgraders_instructor_tools_off_and_instructor_mod
     # A config of its own (EXT_LEVEL=user), read before the environment's, which stays as it is.
     env = {"JUPYTER_CONFIG_DIR": str(tmp_path), "JUPYTER_PREFER_ENV_PATH": "0"}
     for mode, on in (("instructor", True), ("learner", False), ("instructor", True)):
-        switched = launch.run(["make", "--no-print-directory", f"{mode}-mode", "EXT_LEVEL=user"], cwd=ROOT, env=env,
+        switched = processes.run(["make", "--no-print-directory", f"{mode}-mode", "EXT_LEVEL=user"], cwd=ROOT, env=env,
                               timeout=300)
         assert switched.returncode == 0, switched.output
         assert f"{mode} mode ({tmp_path})" in switched.stdout, switched.output
@@ -122,7 +122,7 @@ def test_learner_mode_switches_nbgraders_instructor_tools_off_and_instructor_mod
 
 
 def test_lab_mode_says_what_is_wrong_in_one_line() -> None:
-    wrong = launch.run([launch.PYTHON, ROOT / "jupyter-config" / "lab_mode.py", "teacher"], timeout=60)
+    wrong = processes.run([processes.PYTHON, ROOT / "jupyter-config" / "lab_mode.py", "teacher"], timeout=60)
     assert wrong.returncode == 2 and "invalid choice: 'teacher'" in wrong.stderr, wrong.output
     assert "Traceback" not in wrong.output
 
@@ -130,7 +130,7 @@ def test_lab_mode_says_what_is_wrong_in_one_line() -> None:
 def test_lab_terminals_have_the_environments_python_first_although_a_login_shell_resets_path(tmp_path: Path) -> None:
     """JupyterLab runs the bash that the environment's jupyter_server_config.py names; its start-up file
     reads what a login shell reads (Debian's /etc/profile sets PATH afresh), then puts the environment first."""
-    shown = launch.run([VENV / "bin" / "jupyter", "server", "--show-config"], timeout=120, cwd=tmp_path)
+    shown = processes.run([VENV / "bin" / "jupyter", "server", "--show-config"], timeout=120, cwd=tmp_path)
     rcfile = VENV / "etc" / "jupyter" / "ddp-lab-terminal.bashrc"
     assert str(rcfile) in shown.stdout and "shell_command" in shown.stdout, shown.output
     home = tmp_path / "home"
@@ -145,7 +145,7 @@ def test_lab_terminals_have_the_environments_python_first_although_a_login_shell
 
 def test_validate_button_gives_a_check_cell_the_graders_time_limit() -> None:
     """nbgrader's Validate button reads its config the way its server extension does, from the server's folder."""
-    timeout = launch.run([launch.PYTHON, "-c", """
+    timeout = processes.run([processes.PYTHON, "-c", """
 from nbgrader.preprocessors import Execute
 from nbgrader.server_extensions.validate_assignment.handlers import ValidateAssignmentHandler
 from nbgrader.validator import Validator

@@ -1,4 +1,4 @@
-"""The SLURM batch scripts of "launching for real" (solutions/slurm/), run without SLURM under the
+"""The SLURM batch scripts of "launching for real" (demos/slurm/), run without SLURM under the
 fake cluster of autograde/tools/fake_slurm.py: nodes are loopback addresses of this machine."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde import data, launch
+from autograde import data, processes
 from autograde.tools import fake_slurm
 from conftest import ROOT, SOLUTIONS, again_on_gloo_fault, assert_clean_error
 
@@ -44,20 +44,20 @@ dist.destroy_process_group()
 
 
 def sbatch(script: Path, *args: str | Path, nodes: int, per_node: int, env: dict[str, str],
-           timeout: float) -> launch.Result:
+           timeout: float) -> processes.Result:
     """`script` under the fake SLURM with `nodes` x `per_node` training processes: as many tasks
     per node as GPUs for the task-per-GPU script, one (torchrun) for the other."""
     tasks = per_node if script == PER_GPU else 1
-    cmd = [launch.PYTHON, "-m", "autograde.tools.fake_slurm", "--nodes", str(nodes),
+    cmd = [processes.PYTHON, "-m", "autograde.tools.fake_slurm", "--nodes", str(nodes),
            "--ntasks-per-node", str(tasks), "--gpus-per-node", str(per_node), script, *args]
     # a port known to be free: the scripts' default comes from the job id, here a process id
-    env = {"MASTER_PORT": str(launch.free_port()), **env}
-    return again_on_gloo_fault(lambda: launch.run(cmd, timeout=timeout, cwd=ROOT, env=env))
+    env = {"MASTER_PORT": str(processes.free_port()), **env}
+    return again_on_gloo_fault(lambda: processes.run(cmd, timeout=timeout, cwd=ROOT, env=env))
 
 
-def fake(*args: str | Path, env: dict[str, str] | None = None) -> launch.Result:
+def fake(*args: str | Path, env: dict[str, str] | None = None) -> processes.Result:
     """The fake SLURM's command line, for quick runs that start no training."""
-    return launch.run([launch.PYTHON, "-m", "autograde.tools.fake_slurm", *args], timeout=30, cwd=ROOT, env=env)
+    return processes.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", *args], timeout=30, cwd=ROOT, env=env)
 
 
 @pytest.fixture
@@ -220,12 +220,12 @@ def test_sigterm_to_the_job_stops_every_task(tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\n"
                       "srun bash -c 'touch \"$0/$SLURM_PROCID\"; sleep 60; sleep 60' " + str(tmp_path) + "\n")
-    proc = launch.start([launch.PYTHON, "-m", "autograde.tools.fake_slurm", script], cwd=ROOT)
+    proc = processes.start([processes.PYTHON, "-m", "autograde.tools.fake_slurm", script], cwd=ROOT)
     deadline = time.monotonic() + 20
     while not (started := all((tmp_path / str(task)).exists() for task in range(4))) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGTERM)
-    result = launch.finish(proc, timeout=20)
+    result = processes.finish(proc, timeout=20)
     assert started, f"the 4 tasks did not start:\n{result.output}"
     assert result.returncode == 128 + signal.SIGTERM, result.output
     assert result.seconds < 10 and not result.leftover, result.output

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.checker.verdicts import Failed
-from autograde.checks import slurm
+from autograde.checks import launching_slurm as slurm
 from autograde.tools.fake_slurm import expand_hostlist
 from conftest import ROOT, assert_clean_error
 
@@ -35,8 +35,8 @@ dist.destroy_process_group()
 """
 
 
-def _python(code: str, env: dict[str, str], timeout: float = 60) -> launch.Result:
-    return launch.run([launch.PYTHON, "-c", code], timeout=timeout, cwd=ROOT, env=env)
+def _python(code: str, env: dict[str, str], timeout: float = 60) -> processes.Result:
+    return processes.run([processes.PYTHON, "-c", code], timeout=timeout, cwd=ROOT, env=env)
 
 
 def _rendezvous(rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -68,7 +68,7 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 print("joined", dist.get_rank(), dist.get_world_size(), flush=True)
 dist.destroy_process_group()
 """
-    result = _python(tries, _rendezvous(0, 1, launch.free_port()))
+    result = _python(tries, _rendezvous(0, 1, processes.free_port()))
     assert result.returncode == 0, result.output
     refused = [line for line in result.stdout.splitlines() if line.startswith("refused:")]
     assert len(refused) == 4, result.output
@@ -80,21 +80,21 @@ dist.destroy_process_group()
 def test_rank_0_starts_the_rendezvous_store_at_master_addr_and_port() -> None:
     """Notebook 16 and the TODO: rank 0 hosts the rendezvous at MASTER_ADDR:MASTER_PORT, where the
     others connect: alone, rank 0 listens there; rank 1 alone does not, and joins once rank 0 is up."""
-    port = launch.free_port()
-    one = launch.start([launch.PYTHON, "-c", JOIN], cwd=ROOT, env=_rendezvous(1, 2, port))
+    port = processes.free_port()
+    one = processes.start([processes.PYTHON, "-c", JOIN], cwd=ROOT, env=_rendezvous(1, 2, port))
     try:
         time.sleep(4)  # time for rank 1 to import torch and try to connect
         assert not _listening(port), "rank 1 listened on MASTER_PORT: it is not the one that hosts the store"
-        zero = launch.start([launch.PYTHON, "-c", JOIN], cwd=ROOT, env=_rendezvous(0, 2, port))
+        zero = processes.start([processes.PYTHON, "-c", JOIN], cwd=ROOT, env=_rendezvous(0, 2, port))
         try:
             deadline = time.monotonic() + 60
             while not _listening(port) and zero.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-            results = [launch.finish(p, 60, time.monotonic()) for p in (zero, one)]
+            results = [processes.finish(p, 60, time.monotonic()) for p in (zero, one)]
         finally:
-            launch.kill_group(zero.pid)
+            processes.kill_group(zero.pid)
     finally:
-        launch.kill_group(one.pid)
+        processes.kill_group(one.pid)
     assert all(r.returncode == 0 for r in results), [r.output for r in results]
     assert "joined 0 2" in results[0].stdout and "joined 1 2" in results[1].stdout
 
@@ -115,7 +115,7 @@ def test_torchrun_sets_local_rank_and_local_world_size_for_its_workers() -> None
 
 
 def test_the_untouched_exercise_fails_in_init_process_group_as_the_notebook_says() -> None:
-    result = launch.run([launch.PYTHON, EXERCISE, "--nodes", "1", "--ntasks-per-node", "1"], timeout=90, cwd=ROOT)
+    result = processes.run([processes.PYTHON, EXERCISE, "--nodes", "1", "--ntasks-per-node", "1"], timeout=90, cwd=ROOT)
     assert result.returncode != 0, result.output
     assert "environment variable RANK expected, but not set" in result.output, result.output
     assert "srun: error: 127.0.0.1: task 0" in result.output, result.output
@@ -125,7 +125,7 @@ def test_the_untouched_exercise_fails_in_init_process_group_as_the_notebook_says
 @pytest.mark.parametrize("args, words", [(["--nodes", "0"], ["--nodes", "below 1"]),
                                          (["--ntasks-per-node", "two"], ["--ntasks-per-node", "not a whole number"])])
 def test_the_exercise_refuses_a_bad_layout_in_one_line(args: list[str], words: list[str]) -> None:
-    assert_clean_error(launch.run([launch.PYTHON, EXERCISE, *args], timeout=60, cwd=ROOT), *words)
+    assert_clean_error(processes.run([processes.PYTHON, EXERCISE, *args], timeout=60, cwd=ROOT), *words)
 
 
 def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(tmp_path: Path) -> None:
@@ -137,8 +137,8 @@ def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(tmp_path: Path) -> No
     out = tmp_path / "out"
     out.mkdir()
     batch = tmp_path / "env.sbatch"
-    batch.write_text(f"#!/bin/bash\nsrun {launch.PYTHON} {dump} {out}\n")
-    result = launch.run([launch.PYTHON, "-m", "autograde.tools.fake_slurm", "--nodes", "2", "--ntasks-per-node", "2",
+    batch.write_text(f"#!/bin/bash\nsrun {processes.PYTHON} {dump} {out}\n")
+    result = processes.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", "--nodes", "2", "--ntasks-per-node", "2",
                          batch], timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.output
     for task in range(4):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autograde import launch
+from autograde import processes
 from autograde.checker.runs import STALL_SECONDS
-from autograde.checks import slurm
+from autograde.checks import launching_slurm as slurm
 from autograde.tools import fake_slurm
 from conftest import ROOT
 
@@ -26,10 +26,10 @@ EXERCISE = ROOT / "exercises" / "slurm_job.sbatch"
 SOLUTION = ROOT / "solutions" / "slurm_job.sbatch"
 
 
-def _job(tmp_path: Path, body: str, *options: str) -> launch.Result:
+def _job(tmp_path: Path, body: str, *options: str) -> processes.Result:
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\n" + body)
-    return launch.run([launch.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script], timeout=60, cwd=tmp_path)
+    return processes.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script], timeout=60, cwd=tmp_path)
 
 
 # task 1 fails at once; task 0 writes a file 4 s later, unless it was stopped before
@@ -86,14 +86,14 @@ def test_the_untouched_file_fails_in_init_process_group() -> None:
     assert "task 0: Exited with exit code 1" in stderr and "task 1" not in stderr, stderr
     assert "TRAIN_SCRIPT=${TRAIN_SCRIPT:-solutions/fashion_mnist_torchrun.py}" in EXERCISE.read_text()
     assert "RANK" not in os.environ  # pytest's own environment: the task's, with none of the six
-    result = launch.run([launch.PYTHON, ROOT / "solutions" / "fashion_mnist_torchrun.py"], timeout=60, cwd=ROOT)
+    result = processes.run([processes.PYTHON, ROOT / "solutions" / "fashion_mnist_torchrun.py"], timeout=60, cwd=ROOT)
     assert result.returncode == 2 and "start me with torchrun" in result.stderr, result.output
 
 
 def test_bash_c_gives_the_word_after_the_command_to_0_and_the_rest_to_its_arguments() -> None:
     """Hint 2 of notebook 16: in `bash -c '...' bash "$@"`, the word after the command becomes $0
     and the job's arguments become "$@"."""
-    result = launch.run(["bash", "-c", 'echo "$0|$1|$#"', "bash", "a b", "c"], timeout=10)
+    result = processes.run(["bash", "-c", 'echo "$0|$1|$#"', "bash", "a b", "c"], timeout=10)
     assert result.stdout == "bash|a b|2\n", result.output
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde import launch, registry
+from autograde import processes, registry
 from autograde.checker import api, output
 from conftest import QUICK, SOLUTION, STARTER, TRAIN_SIZE, probe_env, reference_metrics, snapshot
 
@@ -74,8 +74,7 @@ def test_snapshot_adds_exactly_its_step(step: int) -> None:
         assert f"# TODO {'Optional' if label == 'Optional' else 'Step ' + label}:" not in text
 
 
-def test_finished_solution_is_step_10() -> None:
-    assert SOLUTION.read_text() == snapshot(10).read_text()
+def test_the_finished_lab_has_no_todo_left() -> None:
     assert "# TODO" not in SOLUTION.read_text()
 
 
@@ -91,8 +90,8 @@ def test_single_process_version_trains_an_epoch(name: str, stand_in: Path, tmp_p
     script = STARTER if name == "starter" else snapshot(int(name.rsplit("_", 1)[1]))
     args = ["--data-dir", stand_in, *QUICK]
     if "--master-port" in api.options(script):  # what its parser accepts (Step 2 on)
-        args += ["--master-port", str(launch.free_port())]
-    result = launch.run_python(script, *args, timeout=180, env=probe_env(tmp_path))
+        args += ["--master-port", str(processes.free_port())]
+    result = processes.run_python(script, *args, timeout=180, env=probe_env(tmp_path))
     assert result.returncode == 0, result.output
     assert "synthetic stand-in" in result.stdout  # the stand-in is never passed off as Fashion-MNIST
     (epoch,) = output.epochs(result.stdout)

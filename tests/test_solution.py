@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde import launch
+from autograde import processes
 from autograde.checker import output
 from conftest import QUICK, SOLUTION, TRAIN_SIZE, probe_env, reference_metrics, run_script
 
@@ -38,22 +38,22 @@ def assert_trained_one_model(stdout: str, probe_dir: Path, world_size: int, stan
 
 def test_two_processes_train_one_model(stand_in: Path, tmp_path: Path) -> None:
     result = run_script(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *TWO_EPOCHS,
-                       "--master-port", str(launch.free_port()), timeout=240, env=probe_env(tmp_path))
+                       "--master-port", str(processes.free_port()), timeout=240, env=probe_env(tmp_path))
     assert result.returncode == 0, result.output
     assert_trained_one_model(result.stdout, tmp_path, 2, stand_in)
     assert not result.leftover
 
 
 def node_command(node_id: int, port: int, stand_in: Path, *extra: str) -> list[str]:
-    return [launch.PYTHON, str(SOLUTION), "--num-nodes", "2", "--node-id", str(node_id), "--num-gpus", "1",
+    return [processes.PYTHON, str(SOLUTION), "--num-nodes", "2", "--node-id", str(node_id), "--num-gpus", "1",
             "--master-port", str(port), "--data-dir", str(stand_in), *extra]
 
 
 def test_two_nodes_started_together_train_one_model(stand_in: Path, tmp_path: Path) -> None:
-    port = launch.free_port()
+    port = processes.free_port()
     started = time.monotonic()
-    nodes = [launch.start(node_command(i, port, stand_in, *TWO_EPOCHS), env=probe_env(tmp_path)) for i in (0, 1)]
-    node0, node1 = (launch.finish(node, 240, started) for node in nodes)
+    nodes = [processes.start(node_command(i, port, stand_in, *TWO_EPOCHS), env=probe_env(tmp_path)) for i in (0, 1)]
+    node0, node1 = (processes.finish(node, 240, started) for node in nodes)
     assert node0.returncode == 0 and node1.returncode == 0, node0.output + node1.output
     assert output.epochs(node1.stdout) == [], "only global rank 0 (on node 0) prints epochs"
     assert_trained_one_model(node0.stdout, tmp_path, 2, stand_in)
@@ -61,7 +61,7 @@ def test_two_nodes_started_together_train_one_model(stand_in: Path, tmp_path: Pa
 
 def test_sync_bn_on_cpu_says_so_and_goes_on(stand_in: Path, tmp_path: Path) -> None:
     result = run_script(SOLUTION, "--num-gpus", "2", "--sync-bn", "--data-dir", stand_in, *QUICK,
-                       "--master-port", str(launch.free_port()), timeout=240)
+                       "--master-port", str(processes.free_port()), timeout=240)
     assert result.returncode == 0, result.output
     notes = [line for line in result.output.splitlines() if "--sync-bn" in line]
     assert len(notes) == 1 and "needs GPUs" in notes[0], result.output
@@ -73,15 +73,15 @@ def test_early_stopping_is_decided_together(stand_in: Path, tmp_path: Path) -> N
     # that decided alone would leave the other waiting in a collective until the time limit.
     result = run_script(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK[:-2], "--epochs", "5",
                        "--target-accuracy", "0", "--patience", "1",
-                       "--master-port", str(launch.free_port()), timeout=120)
+                       "--master-port", str(processes.free_port()), timeout=120)
     assert result.returncode == 0, result.output
     assert [e.epoch for e in output.epochs(result.stdout)] == [1]
     assert result.stdout.count("stopping") == 1
 
 
 def test_a_crash_in_one_rank_stops_every_rank(stand_in: Path, tmp_path: Path) -> None:
-    result = launch.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK,
-                               "--master-port", str(launch.free_port()), timeout=120,
+    result = processes.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK,
+                               "--master-port", str(processes.free_port()), timeout=120,
                                env=probe_env(tmp_path, DDP_LAB_PROBE_CRASH_RANK="1"))
     assert not result.timed_out, "the surviving rank hung"
     assert result.returncode != 0
@@ -90,12 +90,12 @@ def test_a_crash_in_one_rank_stops_every_rank(stand_in: Path, tmp_path: Path) ->
 
 
 def test_a_crashed_node_stops_the_other_node(stand_in: Path, tmp_path: Path) -> None:
-    port = launch.free_port()
+    port = processes.free_port()
     started = time.monotonic()
-    node0 = launch.start(node_command(0, port, stand_in, *QUICK))
-    node1 = launch.start(node_command(1, port, stand_in, *QUICK),
+    node0 = processes.start(node_command(0, port, stand_in, *QUICK))
+    node1 = processes.start(node_command(1, port, stand_in, *QUICK),
                          env=probe_env(tmp_path, DDP_LAB_PROBE_CRASH_RANK="1"))
-    first, second = launch.finish(node1, 120, started), launch.finish(node0, 120, started)
+    first, second = processes.finish(node1, 120, started), processes.finish(node0, 120, started)
     assert "simulated crash in rank 1" in first.output
     assert not second.timed_out, "node 0 waited for the crashed node instead of stopping"
     assert first.returncode != 0 and second.returncode != 0
@@ -103,14 +103,14 @@ def test_a_crashed_node_stops_the_other_node(stand_in: Path, tmp_path: Path) -> 
 
 
 def test_ctrl_c_stops_every_rank(stand_in: Path, tmp_path: Path) -> None:
-    proc = launch.start([launch.PYTHON, SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK[:-2],
-                         "--epochs", "100", "--master-port", str(launch.free_port())], env=probe_env(tmp_path))
+    proc = processes.start([processes.PYTHON, SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK[:-2],
+                         "--epochs", "100", "--master-port", str(processes.free_port())], env=probe_env(tmp_path))
     deadline = time.monotonic() + 120
     while not (tmp_path / "rank0.pt").exists():  # saved when the first validation starts
         assert proc.poll() is None and time.monotonic() < deadline, "training did not get going"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    result = launch.finish(proc, 30)
+    result = processes.finish(proc, 30)
     assert not result.timed_out, f"Ctrl-C did not stop the run:\n{result.output}"
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == "interrupted", result.stderr

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torchvision.datasets import FashionMNIST
 from torchvision.transforms import ToTensor
 
-from autograde import course, launch, registry
+from autograde import course, processes, registry
 from autograde.checker import api
 from autograde.checker.verdicts import Result
 from conftest import PROBE, QUICK, TRAIN_SIZE, run_script
@@ -140,7 +140,7 @@ def test_style_trains_for_real(path: Path, stand_in: Path, tmp_path: Path) -> No
         folder.mkdir()
     (site / "sitecustomize.py").write_text(RECORDER.format(probe=str(PROBE / "sitecustomize.py"), prints=str(prints)))
     result = run_script(path, "--num-gpus", "2", *QUICK, "--data-dir", stand_in,
-                        "--master-port", str(launch.free_port()), timeout=240, records=[prints, weights],
+                        "--master-port", str(processes.free_port()), timeout=240, records=[prints, weights],
                         env={"PYTHONPATH": str(site), "DDP_LAB_PROBE_DIR": str(weights),
                              "CUDA_VISIBLE_DEVICES": ""})  # gloo on the CPU, whatever the machine has
     assert result.returncode == 0 and not result.timed_out, result.output

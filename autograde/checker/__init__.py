@@ -1,3 +1,5 @@
-"""The checker: it launches a learner's script as separate processes, traces what they do, and
-judges each graded item from that (for learners' check cells, `make check` and nbgrader).
-The checks themselves are in autograde/checks/; the graded items in autograde/registry.py."""
+"""The checker's side: it launches a learner's program as separate processes (the code that runs
+inside those is autograde/learner_processes/), reads what they wrote back (autograde/protocol.py)
+and judges each graded item from that, for learners' check cells, `make check` and nbgrader.
+The checks themselves are in autograde/checks/, a module per part; the items in autograde/registry.py.
+"""

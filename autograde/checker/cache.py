@@ -22,9 +22,11 @@ from pathlib import Path
 from autograde.checker.verdicts import Result
 
 PACKAGE = Path(__file__).resolve().parents[1]
-# The code that can change a verdict: the checker, the checks, the registry, the launcher and the
-# stand-in data. Editing a plot or a notebook helper keeps the verdicts.
-VERDICT_CODE = ("checker/**/*.py", "checks/**/*.py", "registry.py", "launch.py", "data.py")
+# The code that can change a verdict: both sides of the checker, what crosses between them, the
+# checks, the registry, the process launcher and the stand-in data. Editing a figure or a notebook
+# helper keeps the verdicts.
+VERDICT_CODE = ("checker/**/*.py", "learner_processes/**/*.py", "protocol.py", "checks/**/*.py", "registry.py",
+                "processes.py", "data.py")
 
 
 def folder() -> Path:

@@ -28,12 +28,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from autograde import data, launch, paths
-from autograde.checker import devices, functions
-from autograde.checker.formats import ProcessTrace, read as read_traces, where
+from autograde import data, processes, paths
+from autograde.checker import devices
+from autograde.learner_processes import tasks as functions
+from autograde.protocol import ProcessTrace, read as read_traces, where
 
-PACKAGE = Path(__file__).resolve().parent
-STARTUP = PACKAGE / "_startup"
+STARTUP = Path(__file__).resolve().parents[1] / "learner_processes" / "_startup"
 HEARTBEAT = 5.0  # seconds between the lines a long run prints to show it is alive
 STALL_SECONDS = 12.0  # on GPUs, 30: setting up CUDA and NCCL can be slow
 TIME_LIMIT = 120.0
@@ -49,7 +49,7 @@ class Run:
     """What one run's processes printed and did."""
 
     name: str
-    results: list[launch.Result]
+    results: list[processes.Result]
     traces: dict[int, ProcessTrace]
     report: dict[str, Any] | None = None
     stalled: bool = False
@@ -70,16 +70,16 @@ class Run:
     def outside_cause(self) -> str | None:
         """Why this run ended for a reason outside the learner's code, if it did: a process killed
         by a signal that the checker did not send, the time limit (a busy machine), a port that
-        someone else took, or gloo itself (`launch.gloo_fault`; where processes crashed, only
+        someone else took, or gloo itself (`processes.gloo_fault`; where processes crashed, only
         when every crash is gloo's). Such a run says nothing about the script and is made again."""
         crashes = [e["error"] for t in self.traces.values() for e in t.named("crash")]
-        if self.stalled or not all(launch.gloo_fault(error) for error in crashes):
+        if self.stalled or not all(processes.gloo_fault(error) for error in crashes):
             return None  # a deadlock the checker stopped, or an error in the script: the script's own
         if any(r.timed_out for r in self.results):
             return f"it ran out of time ({TIME_LIMIT:.0f} s; the machine may be busy)"
         # A process that aborted (SIGABRT) did so from C++ code it called: the script's doing (a
         # message of the wrong size, say), unless its output shows one of gloo's own faults.
-        aborted_by_gloo = launch.gloo_fault(self.output)
+        aborted_by_gloo = processes.gloo_fault(self.output)
         for r in self.results:
             if r.returncode is not None and r.returncode < 0:
                 if -r.returncode == signal.SIGABRT:
@@ -92,7 +92,7 @@ class Run:
                 return f"a process that mp.spawn started was killed by signal {e['signal']}"
         if any(text in self.output.lower() for text in ("address already in use", "eaddrinuse")):
             return "a port it was given was taken by another program"
-        return None if self.ok else launch.gloo_fault("\n".join([self.output, *crashes]))
+        return None if self.ok else processes.gloo_fault("\n".join([self.output, *crashes]))
 
     def problem(self) -> str | None:
         """One sentence on what went wrong in this run, or None."""
@@ -230,7 +230,7 @@ class Workspace:
         ws.script.write_text(record["script"])
         for name, run in record["runs"].items():
             traces = {int(pid): ProcessTrace(int(pid), events) for pid, events in run["traces"].items()}
-            ws.__dict__[name] = Run(run.get("name") or RUN_NAMES[name], [launch.Result(**r) for r in run["results"]],
+            ws.__dict__[name] = Run(run.get("name") or RUN_NAMES[name], [processes.Result(**r) for r in run["results"]],
                                     traces, run["report"], run["stalled"], run["argv"])
         return ws
 
@@ -258,7 +258,7 @@ class Workspace:
         there are two GPUs or more (each node command then sees them all)."""
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
-            commands = [[launch.PYTHON, "-m", "torch.distributed.run", *options, str(self.script), *argv]
+            commands = [[processes.PYTHON, "-m", "torch.distributed.run", *options, str(self.script), *argv]
                         for options, argv in nodes]
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus))) if self.gpus >= 2 else ""}
             results, stalled = self._launch(label, commands, folder, env={**visible, **(env or {})})
@@ -269,10 +269,10 @@ class Workspace:
         return run
 
     def called(self, key: str, label: str, task: str, options: list[str]) -> Run:
-        """The learner's functions called in real process groups by autograde/checker/functions.py
+        """The learner's functions called in real process groups by autograde/learner_processes/tasks.py
         (`task`: what it calls; `options`: its command line, with the world sizes), traced, made
         once per `key` like `launched`. The run's report is {"ranks": [each process's report]}."""
-        argv = ["-m", "autograde.checker.functions", task, "--script", str(self.script), *options]
+        argv = ["-m", "autograde.learner_processes.tasks", task, "--script", str(self.script), *options]
         return self.once(key, label, argv, options, None, reports=True)
 
     def once(self, key: str, label: str, command: list[str], argv: list[str], env: dict[str, str] | None,
@@ -284,7 +284,7 @@ class Workspace:
             folder = self._folder(key.replace("/", "-"))
             out = ["--out", str(folder)] if reports else []
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus)))}
-            results, stalled = self._launch(label, [[launch.PYTHON, *command, *out]], folder,
+            results, stalled = self._launch(label, [[processes.PYTHON, *command, *out]], folder,
                                             env={**visible, **(env or {})})
             report = {"ranks": functions.read_reports(folder)} if reports else None
             self.__dict__[key] = Run(label, results, read_traces(folder), report, stalled, argv)
@@ -329,10 +329,10 @@ class Workspace:
 
     def _common(self, data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:
         return [["--widen-factor", 1], ["--batch-size", 16], ["--epochs", epochs], ["--target-accuracy", 0],
-                ["--patience", 2], ["--data-dir", data_dir], ["--master-port", port or launch.free_port()]]
+                ["--patience", 2], ["--data-dir", data_dir], ["--master-port", port or processes.free_port()]]
 
     def _launch(self, name: str, commands: list[list[str]], trace_dir: Path,
-                gpus: list[str] | None = None, env: dict[str, str] | None = None) -> tuple[list[launch.Result], bool]:
+                gpus: list[str] | None = None, env: dict[str, str] | None = None) -> tuple[list[processes.Result], bool]:
         """Start the commands together (command i sees GPUs gpus[i], all of them the CPU when None);
         stop them all at a deadlock or the time limit."""
         if self.replaying:
@@ -343,7 +343,7 @@ class Workspace:
         started = time.monotonic()
         if self.say:
             self.say(f"running the {name}: {self._describe(name, len(commands))} ...")
-        procs = [launch.start(cmd, cwd=self.root, env={**self._env(trace_dir, gpus[i] if gpus else ""), **(env or {})})
+        procs = [processes.start(cmd, cwd=self.root, env={**self._env(trace_dir, gpus[i] if gpus else ""), **(env or {})})
                  for i, cmd in enumerate(commands)]
         size, cpu, busy, last_change, stalled, polls = 0, 0.0, 0.0, time.monotonic(), False, 0
         next_word = started + HEARTBEAT
@@ -357,7 +357,7 @@ class Workspace:
             if now_size != size:
                 size, last_change = now_size, time.monotonic()
             if polls % 10 == 0:  # once a second: silent, but working (say, importing torch)?
-                now_cpu = launch.cpu_seconds([p.pid for p in procs])
+                now_cpu = processes.cpu_seconds([p.pid for p in procs])
                 busy, cpu = busy + max(0.0, now_cpu - cpu), now_cpu
                 if busy > CPU_PROGRESS:
                     busy, last_change = 0.0, time.monotonic()
@@ -366,8 +366,8 @@ class Workspace:
                 break
         if stalled:
             for p in procs:
-                launch.kill_group(p.pid)
-        results = [launch.finish(p, TIME_LIMIT, started) for p in procs]
+                processes.kill_group(p.pid)
+        results = [processes.finish(p, TIME_LIMIT, started) for p in procs]
         if self.say:
             self.say(f"  the {name} ended after {time.monotonic() - started:.0f} s")
         return results, stalled
@@ -382,7 +382,7 @@ class Workspace:
     def _harness(self, name: str, mode: str, **options: Any) -> Run:
         folder = self._folder(name)
         out = folder / "report.json"
-        cmd = [launch.PYTHON, "-m", "autograde.checker.harness", mode, "--script", str(self.script), "--out", str(out)]
+        cmd = [processes.PYTHON, "-m", "autograde.learner_processes.lab", mode, "--script", str(self.script), "--out", str(out)]
         for key, value in options.items():
             cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value, default=str)]
         results, stalled = self._launch(name, [cmd], folder)
@@ -398,7 +398,7 @@ class Workspace:
     @cached_property
     def workers(self) -> Run:
         """worker(local_rank, args) in every process of `nodes` simulated nodes, each with its own disk."""
-        port = launch.free_port()
+        port = processes.free_port()
         nodes = [[["--num-nodes", self.nodes], ["--node-id", k], ["--num-gpus", self.procs_per_node]]
                  + self._common(self.root / f"node{k}-disk", port=port) for k in range(self.nodes)]
         # the harness process itself never starts CUDA; each node's processes see only the node's GPUs
@@ -425,7 +425,7 @@ class Workspace:
         folder = self._folder("program run")
         sync_bn: Argv = [["--sync-bn", None]] if self.on_gpu("program") else []  # the Optional step's check reads this run
         argv = self._argv([["--num-gpus", 2]] + sync_bn + self._common(folder / "data", epochs=1))
-        results, stalled = self._launch("program run", [[launch.PYTHON, str(self.script), *argv]], folder,
+        results, stalled = self._launch("program run", [[processes.PYTHON, str(self.script), *argv]], folder,
                                         self.devices["program"])
         return Run("program run", results, read_traces(folder), None, stalled, argv)
 
@@ -433,12 +433,12 @@ class Workspace:
     def two_nodes(self) -> Run:
         """Two node commands (--num-nodes 2 --node-id 0|1 --num-gpus 1) started together on this machine."""
         folder = self._folder("two-node run")
-        port = launch.free_port()
+        port = processes.free_port()
         commands = []
         for k in (0, 1):  # each node with a disk of its own
             layout: Argv = [["--num-nodes", 2], ["--node-id", k], ["--num-gpus", 1]]
             argv = self._argv(layout + self._common(folder / f"node{k}-disk", epochs=1, port=port))
-            commands.append([launch.PYTHON, str(self.script), *argv])
+            commands.append([processes.PYTHON, str(self.script), *argv])
         # on GPUs each "node" gets a GPU of its own: NCCL refuses two ranks on one device
         results, stalled = self._launch("two-node run", commands, folder, self.devices["two_nodes"])
         return Run("two-node run", results, read_traces(folder), None, stalled, commands[0][2:])

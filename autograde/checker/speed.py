@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
-from autograde.checker.formats import ProcessTrace
+from autograde.protocol import ProcessTrace
 from autograde.checker.runs import Run
 
 

@@ -1,6 +1,6 @@
 """The checks of the part "inside DDP" (notebooks 20-), one function per graded item.
 
-The three hand-made DDPs of exercises/ddp_by_hand.py are tried by autograde/checker/functions.py
+The three hand-made DDPs of exercises/ddp_by_hand.py are tried by autograde/learner_processes/tasks.py
 (`ddp`): on 2 and then 3 processes, every rank wraps the course's awkward model (a tied weight,
 a frozen layer, a layer the forward pass never uses, a buffer the forward pass adds; each rank
 initialised differently), trains 3
@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autograde.checker.formats import DdpReport, Event, ProcessTrace, ZeroReport
-from autograde.checker.functions import ZERO_STEPS
+from autograde.protocol import DdpReport, Event, ProcessTrace, ZeroReport
+from autograde.learner_processes.tasks import ZERO_STEPS
 from autograde.checker.runs import Run, Workspace
-from autograde.checker.tracer import COLLECTIVES
+from autograde.learner_processes.tracer import COLLECTIVES
 from autograde.checker.verdicts import require, run_ok
 
 DDP_WORLD_SIZES = (2, 3)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autograde.checker import output
-from autograde.checker.formats import Child, ProcessTrace, Setup, Workers, where
+from autograde.protocol import Child, ProcessTrace, Setup, Workers, where
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed, evidence, require, run_ok
 

@@ -11,7 +11,7 @@ caught going on), once with rank 1 killed (SIGKILL) in the middle of epoch 2, an
 rank 0 killed halfway through writing its second checkpoint. torchrun restarts the group after
 a kill; the check reads where the restarted processes began (from their optimizer steps) and
 compares their final weights with the undisturbed run's. The faults are injected by the tracer
-(autograde/checker/tracer.py), at steps and saves, never at times: a loaded machine only slows
+(autograde/learner_processes/tracer.py), at steps and saves, never at times: a loaded machine only slows
 them down. Like every check, they read behaviour, never names or wording.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autograde import launch
-from autograde.checker.formats import Event, ProcessTrace
+from autograde import processes
+from autograde.protocol import Event, ProcessTrace
 from autograde.checker.runs import Run, Workspace
-from autograde.checker.tracer import COLLECTIVES, KILL_AT_STEP, SLOW_SAVE, TEAR_SAVE
+from autograde.learner_processes.tracer import COLLECTIVES, KILL_AT_STEP, SLOW_SAVE, TEAR_SAVE
 from autograde.checker.verdicts import Failed, require, run_ok
 
 # torchrun ---------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def _standalone(ws: Workspace) -> Run:
 
 def _two_nodes(ws: Workspace) -> Run:
     """Two node commands of 1 process each, started together, each with a disk of its own."""
-    port = launch.free_port()
+    port = processes.free_port()
     return ws.torchrun("torchrun/two_nodes", "two-node torchrun run", [
         (["--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1", "--rdzv-endpoint", f"localhost:{port}"],
          [*TORCHRUN_ARGV, "--data-dir", str(ws.root / f"node{k}-disk")]) for k in (0, 1)])

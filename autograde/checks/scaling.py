@@ -1,6 +1,6 @@
 """The checks of the part "scaling" (notebooks 17-19), one function per graded item.
 
-`scaling` and `warmup` call the learner's plain functions (autograde/checker/functions.py
+`scaling` and `warmup` call the learner's plain functions (autograde/learner_processes/tasks.py
 `calls`, in a process of its own) with the checker's arguments and compare what they return
 with what the definitions give. `lr_scaling` runs the learner's script under torchrun and reads
 the learning rate of every optimizer step from the trace, never from the code. `speedup` times
@@ -21,9 +21,9 @@ import numpy as np
 
 from autograde import data
 from autograde.checker import speed
-from autograde.checker.formats import Call, CallsReport
+from autograde.protocol import Call, CallsReport
 from autograde.checker.runs import Run, Workspace
-from autograde.checker.tracer import STOP_AT_STEP, TRACE_STEPS
+from autograde.learner_processes.tracer import STOP_AT_STEP, TRACE_STEPS
 from autograde.checker.verdicts import Failed, require, run_ok
 
 

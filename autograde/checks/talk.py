@@ -3,7 +3,7 @@
 pi's launches the learner's file as a learner would (`python exercises/compute_pi.py
 --world-size 3`: the script starts its own processes), several times, and judges what the
 processes did and printed. The others have the learner's data, function or class used in real
-process groups by autograde/checker/functions.py, and judge what each rank reported and the
+process groups by autograde/learner_processes/tasks.py, and judge what each rank reported and the
 messages traced. Like the lab's checks, they read behaviour, never names or wording.
 """
 from __future__ import annotations
@@ -14,18 +14,18 @@ from collections import Counter
 from typing import Any, TypeVar
 
 from autograde.checker import output
-from autograde.checker.formats import (CollectivesReport, Event, ProcessTrace, RingReport, SamplerCase,
+from autograde.protocol import (CollectivesReport, Event, ProcessTrace, RingReport, SamplerCase,
                                        SamplerReport)
-from autograde.checker.functions import SCENARIOS
+from autograde.learner_processes.tasks import SCENARIOS
 from autograde.checker.runs import Run, Workspace
-from autograde.checker.tracer import COLLECTIVES
+from autograde.learner_processes.tracer import COLLECTIVES
 from autograde.checker.verdicts import require, run_ok
 
 Report = TypeVar("Report", RingReport, SamplerReport, CollectivesReport)
 
 
 def _reports(run: Run, kind: type[Report]) -> list[Report]:
-    """Each rank's report of a run of autograde/checker/functions.py, by rank."""
+    """Each rank's report of a run of autograde/learner_processes/tasks.py, by rank."""
     ranks: list[dict[str, Any]] = (run.report or {}).get("ranks", [])
     return sorted((kind.from_json(r) for r in ranks), key=lambda r: (r.world_size, r.rank))
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from autograde import launch, registry
+from autograde import processes, registry
 from autograde.paths import REPO
 
 HERE = Path(__file__).resolve().parent  # nbgrader runs here: it reads nbgrader_config.py from here only
@@ -128,7 +128,7 @@ def add_hidden_tests(notebook: dict, name: str) -> list[str]:
 
 def _git(repo: Path, *args: str) -> str:
     try:
-        done = launch.run(["git", "-C", str(repo), *args], timeout=120)
+        done = processes.run(["git", "-C", str(repo), *args], timeout=120)
     except FileNotFoundError:
         raise CourseError("git is not installed") from None
     if done.returncode != 0:
@@ -171,7 +171,7 @@ def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = regist
     paths = [p for p in names if fnmatch.fnmatch(Path(p).name, notebooks)] + learner_files
     files = {}
     for path in paths:
-        done = launch.run(["git", "-C", str(repo), "show", f"{commit}:./{path}"], timeout=120)
+        done = processes.run(["git", "-C", str(repo), "show", f"{commit}:./{path}"], timeout=120)
         if done.returncode != 0:
             raise CourseError(f"commit {commit[:12]} has no {path}")
         files[path] = done.stdout.encode()
@@ -278,10 +278,10 @@ def nbgrader(*args: str, log_level: str = "WARN") -> str:
     class takes as long as it takes.
     """
     env = {"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1")}
-    cmd = [launch.PYTHON, "-m", "nbgrader", *args, f"--log-level={log_level}"]
+    cmd = [processes.PYTHON, "-m", "nbgrader", *args, f"--log-level={log_level}"]
     log = LogFilter()
     seen: list[str] = []
-    proc = launch.start(cmd, cwd=HERE, env=env, merge_stderr=True)
+    proc = processes.start(cmd, cwd=HERE, env=env, merge_stderr=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -290,7 +290,7 @@ def nbgrader(*args: str, log_level: str = "WARN") -> str:
                 print(line, end="", flush=True)
         proc.wait()
     finally:
-        launch.kill_group(proc.pid)  # nothing nbgrader started (kernels, training runs) outlives it
+        processes.kill_group(proc.pid)  # nothing nbgrader started (kernels, training runs) outlives it
         proc.wait()
     if log.summary():
         print(log.summary())

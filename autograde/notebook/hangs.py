@@ -1,4 +1,4 @@
-"""What notebook 23 (debugging hangs) calls: solutions/hangs.py made to hang, then looked at from
+"""What notebook 23 (debugging hangs) calls: demos/hangs.py made to hang, then looked at from
 outside three ways: where each rank's Python stack waits (`py-spy dump`, or Python's faulthandler
 where py-spy is missing), what TORCH_DISTRIBUTED_DEBUG=DETAIL says, and the course checker's
 deadlock report. Every launch has a time limit, and its whole process group is killed after."""
@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from autograde import launch
+from autograde import processes
 from autograde.checker.runs import Workspace
 from autograde.notebook import lab
 from autograde.notebook.launching import launch_last_line
 
-SCRIPT = "solutions/hangs.py"
+SCRIPT = "demos/hangs.py"
 BUGS = ("one_rank_collective", "uneven_batches", "early_stop_rank0")
 RANK_LINE = re.compile(r"rank (\d+) \(pid (\d+)\)")
 PY_SPY_FRAME = re.compile(r"^\s+(\S+) \((.+):(\d+)\)")            # "    all_reduce (torch/.../c10d.py:2950)"
@@ -40,7 +40,7 @@ def _frames_py_spy(pid: int) -> list[str]:
     """The main thread's stack of `pid`, innermost first, as "function (file:line)"."""
     spy = _py_spy()
     assert spy is not None
-    result = launch.run([spy, "dump", "--pid", str(pid)], timeout=30)
+    result = processes.run([spy, "dump", "--pid", str(pid)], timeout=30)
     if result.returncode != 0:
         raise HangError(f"py-spy could not read process {pid}: {launch_last_line(result)}")
     frames, in_main = [], False
@@ -74,7 +74,7 @@ def where_they_wait(bug: str, world_size: int = 2, settle: float = 4.0, limit: f
     printed for `settle` seconds (stuck), reads each rank's stack, kills everything, and returns
     {rank: frames, innermost first}. With py-spy where it is installed, else with faulthandler."""
     command: list[str | Path] = [sys.executable, lab.course_file(SCRIPT), "--world-size", str(world_size), "--bug", bug, "--timeout", "300"]
-    proc = launch.start(command, merge_stderr=True)
+    proc = processes.start(command, merge_stderr=True)
     lines: queue.Queue[str | None] = queue.Queue()
     output: list[str] = []
 
@@ -125,7 +125,7 @@ def where_they_wait(bug: str, world_size: int = 2, settle: float = 4.0, limit: f
                 stacks[rank] = _frames_faulthandler(pid, output, collect)
         return stacks
     finally:
-        launch.kill_group(proc.pid)
+        processes.kill_group(proc.pid)
         proc.wait()
 
 
@@ -140,7 +140,7 @@ def detail(bug: str, world_size: int = 2) -> str:
     """The same bug with TORCH_DISTRIBUTED_DEBUG=DETAIL, the gradients averaged by hand (--by-hand:
     with gloo, DETAIL crashes DistributedDataParallel's constructor in this PyTorch): the line
     that names the collectives the ranks disagree on."""
-    result = launch.run([sys.executable, lab.course_file(SCRIPT), "--world-size", str(world_size), "--bug", bug,
+    result = processes.run([sys.executable, lab.course_file(SCRIPT), "--world-size", str(world_size), "--bug", bug,
                          "--by-hand", "--timeout", "20"], timeout=90, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     found = [line for line in result.output.splitlines() if "Detected mismatch" in line]
     if not found:

@@ -10,13 +10,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autograde.checker import api, functions
+from autograde.checker import api
+from autograde.learner_processes import tasks as functions
 from autograde.notebook import lab
 
 BY_HAND = "exercises/ddp_by_hand.py"
 SHARDED = "exercises/sharded_optimizer.py"
-NO_SYNC = "solutions/no_sync_accumulation.py"
-FSDP = "solutions/fsdp_memory.py"
+NO_SYNC = "demos/no_sync_accumulation.py"
+FSDP = "demos/fsdp_memory.py"
 LAB_MODEL = "solutions/fashion_mnist_after_step_10.py"  # the finished lab's WideResNet
 
 # Bytes per parameter that training with Adam keeps: the parameter, its gradient, the optimizer's state.
@@ -60,7 +61,7 @@ def bucket_plan(model: Any, bucket_size_mb: float) -> list[list[str]]:
 
 def no_sync(world_size: int = 2, accumulate: int = 4) -> dict[str, Any]:
     """Accumulation over `accumulate` micro-batches, with and without no_sync(): all-reduces per step and
-    the weights' largest difference from one process on the big batch (solutions/no_sync_accumulation.py)."""
+    the weights' largest difference from one process on the big batch (demos/no_sync_accumulation.py)."""
     return json_run(NO_SYNC, "--world-size", str(world_size), "--accumulate", str(accumulate))
 
 

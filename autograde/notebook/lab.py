@@ -19,7 +19,7 @@ from typing import Sequence
 
 from autograde.checker import api, output
 from autograde.checker.runs import HEARTBEAT  # a quiet launch shows it is alive as often as a check's run
-from autograde import data, launch, paths
+from autograde import data, processes, paths
 QUICK = os.environ.get("DDP_LAB_QUICK", "") not in ("", "0")
 QUICK_SIZE = (1024, 256)  # training and validation images of the quick mode's stand-in
 SHOWN_ON_FAILURE = 30  # lines of a hidden output (echo=False) that a failed run shows
@@ -124,14 +124,14 @@ def run(command: Sequence[str | Path], timeout: float | None = None, echo: bool 
 
     The command gets its own process group, which is killed at the end, at the time limit or
     when the cell is interrupted, so that no training process outlives the cell. A run that
-    failed only because of gloo itself (`launch.gloo_fault`: a process aborted as it left,
+    failed only because of gloo itself (`processes.gloo_fault`: a process aborted as it left,
     a connection lost as the processes met) is made once more, and the cell says so. A failed
     run whose output was not shown (`echo=False`) shows its last lines, so that the cell says
     what happened; while it runs, it says every HEARTBEAT seconds how long it has run and its
     last line so far.
     """
     returncode, seen = _run_once(command, timeout, echo, env, cwd)
-    why = launch.gloo_fault("".join(seen)) if returncode != 0 else None
+    why = processes.gloo_fault("".join(seen)) if returncode != 0 else None
     if why:
         print(f"({why}: a rare PyTorch fault, not this script's doing; running it once more)", flush=True)
         returncode, seen = _run_once(command, timeout, echo, env, cwd)
@@ -148,7 +148,7 @@ def _run_once(command: Sequence[str | Path], timeout: float | None, echo: bool,
     """One run of `command` for `run`: its exit status and its lines of output."""
     limit = timeout if timeout is not None else (600.0 if QUICK else 24 * 3600.0)
     cmd = [str(c) for c in command]
-    proc = launch.start(cmd, env=env, cwd=cwd, merge_stderr=True)
+    proc = processes.start(cmd, env=env, cwd=cwd, merge_stderr=True)
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     seen: list[str] = []
@@ -173,7 +173,7 @@ def _run_once(command: Sequence[str | Path], timeout: float | None, echo: bool,
                 print(line, end="", flush=True)
         proc.wait()
     finally:
-        launch.kill_group(proc.pid)
+        processes.kill_group(proc.pid)
         proc.wait()
     return proc.returncode, seen
 
@@ -200,8 +200,8 @@ def train(*args: str | Path, num_gpus: int | None = None, script_path: str | Pat
             raise LaunchError(f"--num-gpus {num_gpus} needs Step 10 done; its check says: {step_10.observed}")
     extra = [] if num_gpus is None else ["--num-gpus", str(num_gpus)]
     if "--master-port" in api.options(path):  # from Step 2 on: a port nothing else holds
-        extra += ["--master-port", str(launch.free_port())]
-    text = run([launch.PYTHON, path, *training_args(), *extra, *map(str, args)], timeout)
+        extra += ["--master-port", str(processes.free_port())]
+    text = run([processes.PYTHON, path, *training_args(), *extra, *map(str, args)], timeout)
     epochs = output.epochs(text)
     if not epochs:
         raise LaunchError("the script printed no epoch line (epoch N | time ... | val accuracy ...)")

@@ -1,6 +1,6 @@
 """What the notebooks of the part "launching for real" call: torchrun, a node that never comes,
 two jobs on one port, the debugging variables, a group killed and restarted, and SLURM faked on
-this machine. Every launch goes through lab.run or launch.run: a time limit, the output in the
+this machine. Every launch goes through lab.run or processes.run: a time limit, the output in the
 cell, and nothing left running afterwards."""
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import threading
 import time
 from pathlib import Path
 
-from autograde import launch
+from autograde import processes
 from autograde.checker import api
 from autograde.checker.runs import Run, Workspace
 from autograde.checks import launching as checks
 from autograde.notebook import lab
 
-TORCHRUN: list[str | Path] = [launch.PYTHON, "-m", "torch.distributed.run"]  # `torchrun`, with this course's Python
+TORCHRUN: list[str | Path] = [processes.PYTHON, "-m", "torch.distributed.run"]  # `torchrun`, with this course's Python
 
 
 def course_file(path: str) -> Path:
@@ -47,7 +47,7 @@ SHOW_ENV = ("import os; names = 'RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GRO
 def environment(nproc: int = 2) -> list[dict[str, str]]:
     """What torchrun puts in each process's environment: runs a one-line program under it."""
     text = lab.run([*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--no-python",
-                    launch.PYTHON, "-c", SHOW_ENV], timeout=120, echo=False)
+                    processes.PYTHON, "-c", SHOW_ENV], timeout=120, echo=False)
     rows = [dict(item.split("=", 1) for item in line.strip().split(" | "))
             for line in text.splitlines() if line.startswith("RANK=")]
     rows.sort(key=lambda r: int(r["RANK"]))
@@ -76,13 +76,13 @@ def side_by_side(before: str = "solutions/fashion_mnist_after_step_10.py",
 def two_nodes(script: str, *args: str | int, timeout: float = 180) -> list[str]:
     """The same torchrun command on two "nodes" (here: two commands on this machine, started
     together), each with its own --node-rank; the output of each."""
-    port = launch.free_port()
-    results: list[launch.Result | None] = [None, None]
+    port = processes.free_port()
+    results: list[processes.Result | None] = [None, None]
 
     def node(k: int) -> None:
         command = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1",
                    "--rdzv-endpoint", f"localhost:{port}", course_file(script), *map(str, args)]
-        results[k] = launch.run(command, timeout=timeout)
+        results[k] = processes.run(command, timeout=timeout)
 
     for k in (0, 1):
         print(f"node {k}$ torchrun --nnodes 2 --node-rank {k} --nproc-per-node 1 --rdzv-endpoint localhost:{port} "
@@ -104,7 +104,7 @@ def two_nodes(script: str, *args: str | int, timeout: float = 180) -> list[str]:
     return texts
 
 
-def launch_last_line(result: launch.Result) -> str:
+def launch_last_line(result: processes.Result) -> str:
     lines = [line for line in result.output.splitlines() if line.strip()]
     return lines[-1].strip() if lines else "(no output)"
 
@@ -140,8 +140,8 @@ def as_rank(rank: int, world_size: int, port: int) -> dict[str, str]:
 def lonely_node(timeout: float = 10) -> str:
     """Rank 0 of a group of 2, started alone (its partner's node never comes), giving up after
     `timeout` seconds: what it says, and after how long."""
-    result = launch.run([launch.PYTHON, join_program(), str(timeout)], timeout=timeout + 60,
-                        env=as_rank(0, 2, launch.free_port()))
+    result = processes.run([processes.PYTHON, join_program(), str(timeout)], timeout=timeout + 60,
+                        env=as_rank(0, 2, processes.free_port()))
     line = launch_last_line(result)
     print(f"rank 0 alone, timeout {timeout:g} s: exit status {result.returncode} after {result.seconds:.0f} s\n{line}")
     return line
@@ -149,15 +149,15 @@ def lonely_node(timeout: float = 10) -> str:
 
 def same_port() -> str:
     """Two jobs given one MASTER_PORT: the second's rank 0 cannot listen there. What it says."""
-    port, program = launch.free_port(), join_program()
-    first = launch.start([launch.PYTHON, program, "60"], env=as_rank(0, 2, port))
+    port, program = processes.free_port(), join_program()
+    first = processes.start([processes.PYTHON, program, "60"], env=as_rank(0, 2, port))
     try:
         deadline = time.monotonic() + 60
         while not listening(port) and time.monotonic() < deadline:  # the first job's rank 0 holds the port
             time.sleep(0.2)
-        second = launch.run([launch.PYTHON, program, "20"], timeout=80, env=as_rank(0, 2, port))
+        second = processes.run([processes.PYTHON, program, "20"], timeout=80, env=as_rank(0, 2, port))
     finally:
-        launch.finish(first, 0.1)
+        processes.finish(first, 0.1)
     line = launch_last_line(second)
     print(f"a second job on port {port}: exit status {second.returncode} after {second.seconds:.0f} s\n{line}")
     return line
@@ -197,7 +197,7 @@ def debug_variables() -> dict[str, str]:
         program = Path(folder, "mismatch.py")
         program.write_text(MISMATCH)
         for name, env in cases:
-            result = launch.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", program], timeout=90, env=env)
+            result = processes.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", program], timeout=90, env=env)
             errors = [line for line in result.output.splitlines() if "Error" in line and "rank" in line.lower()]
             nccl = [line for line in result.output.splitlines() if "NCCL INFO" in line]
             said[name] = _tidy(errors[-1] if errors else launch_last_line(result))
@@ -241,7 +241,7 @@ def fake_slurm(batch: str, *args: str | int, nodes: int = 2, ntasks_per_node: in
     # sbatch is called from the course folder, the one that holds `batch` (a learner's checkout, or an
     # nbgrader assignment, whose notebooks lie in the folder itself rather than in notebooks/)
     folder = script.parents[len(Path(batch).parts) - 1]
-    return lab.run([launch.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script, *map(str, args)],
+    return lab.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script, *map(str, args)],
                    timeout=timeout, env={"TRAIN_SCRIPT": str(course_file(train_script))}, cwd=folder)
 
 

@@ -1,4 +1,4 @@
-"""What notebook 22 (model parallelism) calls: solutions/model_parallel.py launched through lab.run
+"""What notebook 22 (model parallelism) calls: demos/model_parallel.py launched through lab.run
 (a time limit, nothing left running), and the pipeline's bubble read from its timeline."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from autograde.notebook import inside
 
-SCRIPT = "solutions/model_parallel.py"
+SCRIPT = "demos/model_parallel.py"
 
 
 def run(demo: str = "all", world_size: int = 2, micro_batches: int = 4) -> dict[str, Any]:

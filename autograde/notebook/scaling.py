@@ -1,6 +1,6 @@
 """What the notebooks of the part "scaling" call: the scaling study (runs that write JSON-lines
 logs, read back, never parsed from printed lines), the profiler and the fixes of
-solutions/speed_fixes.py side by side, and the large-batch runs. Every launch goes through
+demos/speed_fixes.py side by side, and the large-batch runs. Every launch goes through
 lab.run (a time limit, nothing left running afterwards)."""
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def fit(times: dict[int, float]) -> tuple[float, float, float]:
 
 # Where the time goes -------------------------------------------------------------------------
 
-SPEED_SCRIPT = "solutions/speed_fixes.py"
+SPEED_SCRIPT = "demos/speed_fixes.py"
 # Each fix against its baseline (the options it adds), and whether a CPU run says anything about it.
 FIXES: list[tuple[str, list[str], str]] = [
     ("baseline (DataLoader, no workers)", [], ""),
@@ -141,7 +141,7 @@ class Timing:
 
 
 def timed(*options: str, nproc: int = 2, steps: int | None = None) -> dict[str, Any]:
-    """One run of solutions/speed_fixes.py under torchrun; its JSON result. One GPU per process
+    """One run of demos/speed_fixes.py under torchrun; its JSON result. One GPU per process
     where there are GPUs enough (the full model), else CPU processes (the narrow one), GPUs hidden."""
     steps = steps or (6 if lab.QUICK else 20)
     on_gpu = api.gpu_count() >= nproc

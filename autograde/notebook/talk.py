@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autograde import launch, paths
-from autograde.checker import functions
-from autograde.checker.formats import CollectivesReport, RingReport
+from autograde import processes, paths
+from autograde.learner_processes import tasks as functions
+from autograde.protocol import CollectivesReport, RingReport
 from autograde.notebook import lab
 
 
@@ -23,7 +23,7 @@ def exercise(name: str) -> Path:
 def launch_exercise(name: str, *args: str | int, echo: bool = True) -> tuple[str, float]:
     """`python exercises/<name> ARGS`, as in a terminal: its output, and its wall time in seconds."""
     started = time.perf_counter()
-    text = lab.run([launch.PYTHON, exercise(name), *map(str, args)], timeout=300 if lab.QUICK else 1800, echo=echo)
+    text = lab.run([processes.PYTHON, exercise(name), *map(str, args)], timeout=300 if lab.QUICK else 1800, echo=echo)
     return text, time.perf_counter() - started
 
 
@@ -46,10 +46,10 @@ def backends(world_sizes: list[int]) -> dict[int, str]:
 
 
 def _call(task: str, *options: str | Path, timeout: float) -> list[dict[str, Any]]:
-    """The checker's runner (autograde/checker/functions.py) made to do `task` in processes of
+    """The checker's runner (autograde/learner_processes/tasks.py) made to do `task` in processes of
     its own, through lab.run (a time limit, nothing left running): what each rank reported."""
     with tempfile.TemporaryDirectory() as out:
-        lab.run([launch.PYTHON, "-m", "autograde.checker.functions", task, *map(str, options), "--out", out],
+        lab.run([processes.PYTHON, "-m", "autograde.learner_processes.tasks", task, *map(str, options), "--out", out],
                 timeout=timeout, echo=False, env={"PYTHONPATH": str(paths.REPO), "OMP_NUM_THREADS": "1"})
         return functions.read_reports(Path(out))
 
@@ -57,7 +57,7 @@ def _call(task: str, *options: str | Path, timeout: float) -> list[dict[str, Any
 def ring_times(world_sizes: list[int], sizes: list[int], repeats: int = 5) -> dict[int, dict[int, tuple[float, float]]]:
     """Time the learner's ring_all_reduce (exercises/ring_allreduce.py) beside dist.all_reduce:
     seconds[N][floats] = (ring, all_reduce), each the median of `repeats` calls, slowest rank's.
-    The calls are made by the checker's runner (autograde/checker/functions.py), in processes of
+    The calls are made by the checker's runner (autograde/learner_processes/tasks.py), in processes of
     their own; a ring that gives wrong results is said so (its times mean little)."""
     reports = [RingReport.from_json(r) for r in _call("ring", "--script", exercise("ring_allreduce.py"),
                                                       "--world-sizes", *map(str, world_sizes), "--sizes",
@@ -75,7 +75,7 @@ def ring_times(world_sizes: list[int], sizes: list[int], repeats: int = 5) -> di
 
 
 def arrival_orders(runs: int | None = None, world_size: int = 4) -> list[list[int]]:
-    """Run exercises/hello_ranks.py `runs` times (3; 2 in quick mode) and note the order of the
+    """Run demos/hello_ranks.py `runs` times (3; 2 in quick mode) and note the order of the
     ranks' hello lines."""
     orders = []
     for k in range(runs or (2 if lab.QUICK else 3)):
@@ -86,7 +86,7 @@ def arrival_orders(runs: int | None = None, world_size: int = 4) -> list[list[in
 
 
 def collectives() -> dict[str, list[list[list[float]]]]:
-    """Every collective of the course's scenarios (autograde/checker/functions.py, SCENARIOS),
+    """Every collective of the course's scenarios (autograde/learner_processes/tasks.py, SCENARIOS),
     made for real on 4 processes: buffers[name][rank] = [before, after]."""
     reports = sorted((CollectivesReport.from_json(r) for r in _call("collectives", "--world-sizes", "4", timeout=300)),
                      key=lambda r: r.rank)

@@ -6,7 +6,7 @@ machine, the median of the three pairs (autograde/checker/speed.py: the clock st
 warm-up steps; a run's time is its slowest rank's):
 - the finished lab script with 1 process over the starter (DDP's overhead on one process);
 - the finished script with 2 processes over 1 (the speedup check's own measurement);
-- solutions/speed_fixes.py with the data preloaded as tensors over the DataLoader.
+- demos/speed_fixes.py with the data preloaded as tensors over the DataLoader.
 The full run then adds a step's check over the whole `check --all` (a step's latency against all).
 
 Each step is checked in a fresh process (`python -m autograde check --step S --fresh`: no kept
@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from autograde import data, launch, paths, registry
+from autograde import data, processes, paths, registry
 from autograde.checker import speed
 from autograde.checker.runs import Workspace
-from autograde.checker.tracer import STOP_AT_STEP, TRACE_STEPS
+from autograde.learner_processes.tracer import STOP_AT_STEP, TRACE_STEPS
 from autograde.checks import scaling
 from autograde.tools import nbval_runner
 
@@ -39,7 +39,7 @@ STEP_TARGET, ALL_TARGET, NOTEBOOKS_TARGET = 15.0, 120.0, 600.0
 
 
 def time_check(*args: str, script: Path = SOLUTION) -> float:
-    result = launch.run([launch.PYTHON, "-m", "autograde", "check", "--script", str(script), *args],
+    result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--script", str(script), *args],
                         timeout=600, cwd=ROOT, env={"OMP_NUM_THREADS": "1"})
     if result.returncode != 0:
         sys.exit(f"error: the check {' '.join(args)} failed on the solution:\n{result.stdout}{result.stderr}")
@@ -71,7 +71,7 @@ def _alternating(first: Callable[[int], float], second: Callable[[int], float]) 
 
 
 def _fixes_rate(data_dir: Path, *options: str) -> float:
-    result = launch.run([launch.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    result = processes.run([processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          ROOT / "solutions" / "speed_fixes.py", "--data-dir", data_dir, "--widen-factor", "1",
                          "--steps", str(STEPS), "--warmup-steps", str(WARMUP), *options],
                         timeout=300, env={"OMP_NUM_THREADS": "1"})

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograde.checker import api, devices, output
-from autograde import data, launch, paths
+from autograde import data, processes, paths
 REPO, SOLUTION = paths.REPO, paths.SOLUTION
 NOTEBOOKS = ["02_baseline.ipynb", "06_step_7_ddp.ipynb", "09_evaluation.ipynb"]
 MISTAKES = ["rank_is_local_rank", "device_not_pinned", "no_set_epoch"]  # names in tests/mistakes.py
@@ -68,9 +68,9 @@ def _mistakes() -> tuple[dict[str, object], set[str]]:
 
 def train(gpus: int, data_dir: Path, epochs: int, *extra: str) -> tuple[list[output.Epoch], float, str]:
     """The finished solution on `gpus` GPUs: its epoch lines, wall time, and the output's tail on failure."""
-    cmd = [launch.PYTHON, str(SOLUTION), "--num-gpus", str(gpus), "--widen-factor", "10", "--epochs", str(epochs),
-           "--target-accuracy", "1.01", "--data-dir", str(data_dir), "--master-port", str(launch.free_port()), *extra]
-    result = launch.run(cmd, timeout=TRAIN_LIMIT, env={"OMP_NUM_THREADS": "4"})
+    cmd = [processes.PYTHON, str(SOLUTION), "--num-gpus", str(gpus), "--widen-factor", "10", "--epochs", str(epochs),
+           "--target-accuracy", "1.01", "--data-dir", str(data_dir), "--master-port", str(processes.free_port()), *extra]
+    result = processes.run(cmd, timeout=TRAIN_LIMIT, env={"OMP_NUM_THREADS": "4"})
     problem = "" if result.returncode == 0 and not result.timed_out else (
         f"exit status {result.returncode}{' (time limit)' if result.timed_out else ''}: {result.output[-600:]}")
     return output.epochs(result.stdout), result.seconds, problem
@@ -154,9 +154,9 @@ def notebooks(report: Report) -> None:
     with tempfile.TemporaryDirectory() as folder:
         course = learner_copy(Path(folder))
         for name in NOTEBOOKS:
-            cmd = [launch.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=3600", "-p", "no:cacheprovider",
+            cmd = [processes.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=3600", "-p", "no:cacheprovider",
                    "-q", "-o", "addopts=", f"notebooks/{name}"]
-            result = launch.run(cmd, cwd=course, timeout=3 * 3600, env={"DDP_LAB_QUICK": "0"})
+            result = processes.run(cmd, cwd=course, timeout=3 * 3600, env={"DDP_LAB_QUICK": "0"})
             last = next((line for line in reversed(result.stdout.splitlines()) if line.strip()), "(no output)")
             report.row(name, "pass" if result.returncode == 0 else "FAIL", f"{last} ({result.seconds:.0f} s)")
 
@@ -166,7 +166,7 @@ def machine_lines(gpus: int) -> list[str]:
 
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]
     smi = shutil.which("nvidia-smi")
-    driver = launch.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+    driver = processes.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
                         timeout=60).stdout.split("\n")[0].strip() if smi else "unknown"
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "unknown"
     return [f"- GPUs: {gpus} x {', '.join(sorted(set(names)))}",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from autograde import launch, paths, registry
+from autograde import processes, paths, registry
 REPO, NOTEBOOKS = paths.REPO, paths.NOTEBOOKS
 
 
@@ -24,8 +24,8 @@ def learner_copy(folder: Path, script: Path = paths.SOLUTION) -> Path:
     return folder
 
 
-def nbval(folder: Path, *paths: Path | str, timeout: float, env: dict[str, str] | None = None) -> launch.Result:
+def nbval(folder: Path, *paths: Path | str, timeout: float, env: dict[str, str] | None = None) -> processes.Result:
     """`pytest --nbval-lax` on `paths` in `folder`, in quick mode; the kernels use this interpreter."""
-    return launch.run([launch.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=900", "-p",
+    return processes.run([processes.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=900", "-p",
                        "no:cacheprovider", "-q", "-o", "addopts=", *paths], cwd=folder, timeout=timeout,
                       env={"DDP_LAB_QUICK": "1", **(env or {})})

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autograde import data, launch, paths
+from autograde import data, processes, paths
 ROOT, SOLUTION = paths.REPO, paths.SOLUTION
 BANNER = """\
 {rule}
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         print(BANNER.format(rule="=" * 88, real=args.data_dir, fake=data_dir), flush=True)
     where = f"{num_gpus} GPU(s)" if on_gpu else f"{num_gpus} CPU processes (no GPU here)"
     print(f"make run: the finished solution on {where}", flush=True)
-    return launch.run_in_terminal(command(data_dir, num_gpus, on_gpu, extra))
+    return processes.run_in_terminal(command(data_dir, num_gpus, on_gpu, extra))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from autograde.checker import tracer
-from autograde.checker.formats import ProcessTrace
+from autograde.learner_processes import tracer
+from autograde.protocol import ProcessTrace
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed, require, run_ok
 

@@ -45,11 +45,11 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "print": ("text",),
     # a point-to-point message: op is send, recv, isend or irecv; peer the other rank
     "message": ("op", "peer", "numel"),
-    # written by the harness (autograde/checker/harness.py) in the processes of the workers run
+    # written by the harness (autograde/learner_processes/lab.py) in the processes of the workers run
     "worker_start": ("fn", "visible_devices"),
     "worker_done": ("optimizer_steps",),
     "crash": ("error",),
-    # written by autograde/checker/functions.py around each call of a learner's function
+    # written by autograde/learner_processes/tasks.py around each call of a learner's function
     "case_start": ("case", "world_size"),
     "case_end": ("case",),
     # around the call of a hand-made DDP's finish_gradient_synchronization() (functions.py `ddp`)
@@ -133,7 +133,7 @@ class RingCase:
 
 @dataclass
 class RingReport:
-    """What one rank of a ring run found (autograde/checker/functions.py writes it)."""
+    """What one rank of a ring run found (autograde/learner_processes/tasks.py writes it)."""
 
     world_size: int
     rank: int
@@ -161,7 +161,7 @@ class SamplerCase:
 
 @dataclass
 class SamplerReport:
-    """What one rank of a sampler run found (autograde/checker/functions.py writes it)."""
+    """What one rank of a sampler run found (autograde/learner_processes/tasks.py writes it)."""
 
     world_size: int
     rank: int
@@ -177,7 +177,7 @@ class SamplerReport:
 @dataclass
 class CollectivesReport:
     """One rank's buffers before and after each collective of the course's scenarios, and the
-    learner's predictions of them (autograde/checker/functions.py writes it)."""
+    learner's predictions of them (autograde/learner_processes/tasks.py writes it)."""
 
     world_size: int
     rank: int
@@ -228,7 +228,7 @@ class DdpCase:
 
 @dataclass
 class DdpReport:
-    """What one rank of a ddp run found (autograde/checker/functions.py writes it)."""
+    """What one rank of a ddp run found (autograde/learner_processes/tasks.py writes it)."""
 
     world_size: int
     rank: int

@@ -1,8 +1,8 @@
 """Drives the learner's script inside a launched process, for the checks that cannot wait
 for the script to launch itself (Steps 1-9).
 
-    python -m autograde.checker.harness setup   --script S --out F.json --argv '[["--num-nodes", "3"], ...]'
-    python -m autograde.checker.harness workers --script S --out F.json --nodes '[[argv of node 0], ...]' --procs-per-node N
+    python -m autograde.learner_processes.lab setup   --script S --out F.json --argv '[["--num-nodes", "3"], ...]'
+    python -m autograde.learner_processes.lab workers --script S --out F.json --nodes '[[argv of node 0], ...]' --procs-per-node N
 
 A command line is given as [option, value] pairs (value null for a flag); options the
 script's parser does not know are left out, so that one command line fits every step.
@@ -43,7 +43,7 @@ import types
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
-from autograde.checker.formats import Child, Setup, Workers
+from autograde.protocol import Child, Setup, Workers
 
 
 def _jsonable(value: Any) -> Any:
@@ -289,7 +289,7 @@ class _TooLong(BaseException):
 
 def _child(node: _Node, script: str, local_rank: int) -> int:
     """One simulated process of mp.spawn: a fresh import of the script, then its function."""
-    from autograde.checker import tracer
+    from autograde.learner_processes import tracer
     os.environ.clear()
     os.environ.update(node.environ)
     try:
@@ -383,7 +383,7 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m autograde.checker.harness")
+    parser = argparse.ArgumentParser(prog="python -m autograde.learner_processes.lab")
     parser.add_argument("mode", choices=["setup", "workers"])
     parser.add_argument("--script", required=True)
     parser.add_argument("--out", required=True)

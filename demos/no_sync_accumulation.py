@@ -1,6 +1,6 @@
 """Gradient accumulation under DDP, with and without no_sync().
 
-    python solutions/no_sync_accumulation.py --world-size 2 --accumulate 4
+    python demos/no_sync_accumulation.py --world-size 2 --accumulate 4
 
 To train with a batch larger than fits in memory, each process runs backward() on several
 micro-batches and steps once: the gradients add up in .grad. Under DDP every backward() ends with

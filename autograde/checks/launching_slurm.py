@@ -1,13 +1,13 @@
 """The check of notebook 16 (SLURM): a learner's mapping from SLURM's variables to PyTorch's.
 
 `slurm_env` judges `torch_env_from_slurm(environ)` of exercises/slurm_env.py twice. First the
-function is called (autograde/checker/functions.py `calls`, in a process of its own, never in
+function is called (autograde/learner_processes/tasks.py `calls`, in a process of its own, never in
 the checker's) for every task of made-up jobs whose node lists SLURM writes compressed and not
 contiguous (`n[01-03,07]`), with the course's stand-in `scontrol` first on PATH, and what it
 returns is compared with what init_process_group's env:// needs. Then the file runs as the tasks
 of real jobs under autograde/tools/fake_slurm.py (sbatch and srun on this machine, the nodes
 127.0.0.1, 127.0.0.2, ...), for several layouts: each task runs the file as `__main__` through
-this module (`python -m autograde.checks.slurm task FILE --out DIR`), which writes down the
+this module (`python -m autograde.checks.launching_slurm task FILE --out DIR`), which writes down the
 task's SLURM variables and the PyTorch variables it joins with (`DIR/slurm-<task>.json`, the
 run's report), and the trace shows the group it formed.
 
@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autograde import launch
-from autograde.checker.formats import Call, CallsReport
+from autograde import processes
+from autograde.protocol import Call, CallsReport
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import require, run_ok
 from autograde.tools import fake_slurm
@@ -85,13 +85,13 @@ def _scontrol_path(ws: Workspace) -> dict[str, str]:
     if not ws.replaying and not folder.exists():
         folder.mkdir()
         fake_slurm.stub(folder, "scontrol")
-    return {"PATH": os.pathsep.join([str(folder), str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])}
+    return {"PATH": os.pathsep.join([str(folder), str(Path(processes.PYTHON).parent), os.environ.get("PATH", "")])}
 
 
 def _calls_run(ws: Workspace) -> Run:
     calls = [[FUNCTION, [env]] for job in JOBS for env in _job_tasks(*job)]
     options = ["--calls", json.dumps(calls)]
-    argv = ["-m", "autograde.checker.functions", "calls", "--script", str(ws.script), *options]
+    argv = ["-m", "autograde.learner_processes.tasks", "calls", "--script", str(ws.script), *options]
     return ws.once("slurm_env/calls", f"calls of {FUNCTION} for the tasks of {len(JOBS)} made-up jobs", argv,
                     options, _scontrol_path(ws), reports=True)
 
@@ -170,7 +170,7 @@ def _task_run(ws: Workspace, nodes: int, per_node: int) -> Run:
     batch = ws.root / "slurm_env_check.sbatch"
     if not ws.replaying and not batch.exists():
         batch.write_text("#!/bin/bash\n# the checker's job: each task runs the learner's file, noted by the checker\n"
-                         f"srun --kill-on-bad-exit=1 {shlex.quote(launch.PYTHON)} -m autograde.checks.slurm task "
+                         f"srun --kill-on-bad-exit=1 {shlex.quote(processes.PYTHON)} -m autograde.checks.launching_slurm task "
                          f"{shlex.quote(str(ws.script))} \"$@\"\n")  # "$@": --out DIR, the run's report folder
     argv = ["--nodes", str(nodes), "--ntasks-per-node", str(per_node)]
     return ws.once(f"slurm_env/{nodes}x{per_node}", f"job of {nodes} node{'s' if nodes > 1 else ''} x {per_node} "
@@ -274,7 +274,7 @@ def _job_run(ws: Workspace, layout: tuple[int, int] | None, fail: bool = False) 
         probe.write_text(PROBE)
     argv = [] if layout is None else ["--nodes", str(layout[0]), "--ntasks-per-node", str(layout[1])]
     env = {"TRAIN_SCRIPT": str(probe),
-           "PATH": os.pathsep.join([str(Path(launch.PYTHON).parent), os.environ.get("PATH", "")])}  # `python`
+           "PATH": os.pathsep.join([str(Path(processes.PYTHON).parent), os.environ.get("PATH", "")])}  # `python`
     if layout is None:
         key, label = "asked", "job with the layout the script asks for"
     else:
@@ -346,5 +346,5 @@ def _task(script: str, out: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["task"] or len(sys.argv) != 5 or sys.argv[3] != "--out":
-        sys.exit("usage: python -m autograde.checks.slurm task SCRIPT --out DIR (a task of the slurm_env check's job)")
+        sys.exit("usage: python -m autograde.checks.launching_slurm task SCRIPT --out DIR (a task of the slurm_env check's job)")
     _task(sys.argv[2], sys.argv[4])

@@ -14,10 +14,10 @@ offline, and a reader that does not wait for the download must lose the race). A
 while the model is in evaluation mode, the logits it produces for the validation set are
 turned into per-image losses, so that a check can compute the true global metrics.
 
-The events and their fields are the ones autograde/checker/formats.py lists. Code loaded
+The events and their fields are the ones autograde/protocol.py lists. Code loaded
 beside the tracer can act at the points it traces (`on`, `model`): the tests' probe does.
 
-It is loaded through autograde/checker/_startup/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
+It is loaded through autograde/learner_processes/_startup/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
 """
 from __future__ import annotations
 

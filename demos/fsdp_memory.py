@@ -1,6 +1,6 @@
 """FSDP (ZeRO stage 3) against DDP: what each process holds, and the same training.
 
-    python solutions/fsdp_memory.py --world-size 2
+    python demos/fsdp_memory.py --world-size 2
 
 DDP keeps the whole model, its gradients and the optimizer's state on every process. FSDP
 (`fully_shard`, PyTorch's FSDP2) keeps 1/N of each on each process: a parameter is a DTensor

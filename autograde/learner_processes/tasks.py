@@ -1,13 +1,13 @@
 """Calls the functions a learner writes in an exercise file, in launched processes that form a
 real process group, for the checks that judge a function rather than a whole program.
 
-    python -m autograde.checker.functions ring --script exercises/ring_allreduce.py \\
+    python -m autograde.learner_processes.tasks ring --script exercises/ring_allreduce.py \\
         --world-sizes 2 3 4 --out DIR [--sizes 12 1001] [--ops sum max] [--repeats 1]
-    python -m autograde.checker.functions sampler --script exercises/shard_sampler.py \\
+    python -m autograde.learner_processes.tasks sampler --script exercises/shard_sampler.py \\
         --world-sizes 1 2 3 4 --out DIR [--sizes 12 10 13] [--seeds 0 5] [--epochs 3]
-    python -m autograde.checker.functions collectives [--script exercises/predict_collectives.py] \\
+    python -m autograde.learner_processes.tasks collectives [--script exercises/predict_collectives.py] \\
         --world-sizes 4 --out DIR
-    python -m autograde.checker.functions calls --script exercises/scaling_model.py --out DIR \\
+    python -m autograde.learner_processes.tasks calls --script exercises/scaling_model.py --out DIR \\
         --calls '[["speedup", [{"1": 20.0, "2": 12.5}]], ["predict_time", [[60, 3, 1.5], 16]]]'
 
 For each world size in turn, a process group of that many processes is started (forked from
@@ -59,9 +59,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from autograde.checker.formats import (Call, CallsReport, CollectivesReport, DdpCase, DdpReport, RingCase,
+from autograde.protocol import (Call, CallsReport, CollectivesReport, DdpCase, DdpReport, RingCase,
                                        RingReport, SamplerCase, SamplerReport, ZeroParam, ZeroReport)
-from autograde.checker.harness import short_error
+from autograde.learner_processes.lab import short_error
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
 CPU_TASKS = ("ddp", "zero")
@@ -80,7 +80,7 @@ def _ring(rank: int, options: argparse.Namespace, device: Any) -> RingReport:
     import torch
     import torch.distributed as dist
 
-    from autograde.checker.tracer import emit
+    from autograde.learner_processes.tracer import emit
 
     report = RingReport(options.world_size, rank)
     try:
@@ -348,7 +348,7 @@ def _ddp(rank: int, options: argparse.Namespace, device: Any) -> DdpReport:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from autograde.checker.tracer import emit
+    from autograde.learner_processes.tracer import emit
 
     report = DdpReport(options.world_size, rank)
     n = options.world_size
@@ -437,7 +437,7 @@ def _zero(rank: int, options: argparse.Namespace, device: Any) -> ZeroReport:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from autograde.checker.tracer import emit
+    from autograde.learner_processes.tracer import emit
 
     report = ZeroReport(options.world_size, rank)
     n, share = options.world_size, DDP_BATCH_PER_RANK
@@ -543,7 +543,7 @@ def _process(rank: int, options: argparse.Namespace) -> None:
     report = tasks[options.task](rank, options, device)
     (Path(options.out) / f"{options.world_size}-{rank}.json").write_text(json.dumps(asdict(report)))
     if report.error is not None:
-        from autograde.checker.tracer import emit
+        from autograde.learner_processes.tracer import emit
         emit("crash", error=report.error)
         sys.stdout.flush()
         os._exit(1)  # the others may wait for this rank: they fail fast when its sockets close
@@ -555,7 +555,7 @@ def _process(rank: int, options: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m autograde.checker.functions")
+    parser = argparse.ArgumentParser(prog="python -m autograde.learner_processes.tasks")
     parser.add_argument("task", choices=["ring", "sampler", "collectives", "calls", "ddp", "zero"])
     parser.add_argument("--script", default="", help="the learner's file (collectives: optional, for its PREDICTIONS)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1])
@@ -575,11 +575,11 @@ def main() -> None:
         return
     import torch.multiprocessing as mp
 
-    from autograde import launch
+    from autograde import processes
 
     os.environ["MASTER_ADDR"] = "localhost"
     for world_size in options.world_sizes:
-        options.world_size, options.port = world_size, str(launch.free_port())
+        options.world_size, options.port = world_size, str(processes.free_port())
         # fork: the processes start with torch imported (the parent has not started CUDA)
         mp.start_processes(_process, args=(options,), nprocs=world_size, start_method="fork")
 

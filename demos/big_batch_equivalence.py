@@ -6,8 +6,8 @@ of P*b samples, so P processes with batch b end up with the same weights as one 
 batch P*b, step after step. This script trains a small network both ways on the same samples
 and prints how far apart the two sets of weights are.
 
-    python exercises/big_batch_equivalence.py                 # P = 2, the same weights
-    python exercises/big_batch_equivalence.py --batchnorm     # BatchNorm: they differ
+    python demos/big_batch_equivalence.py                 # P = 2, the same weights
+    python demos/big_batch_equivalence.py --batchnorm     # BatchNorm: they differ
 
 The claim needs every sample's loss to depend on that sample alone. BatchNorm in training
 mode normalises with statistics of the batch each process sees (b samples, not P*b), so with

@@ -1,6 +1,6 @@
 """Model parallelism in three small demonstrations, each checked against the unsplit computation.
 
-    python solutions/model_parallel.py --world-size 2 --demo all --micro-batches 4
+    python demos/model_parallel.py --world-size 2 --demo all --micro-batches 4
 
 Data parallelism copies the whole model to every process. When a model no longer fits on one
 device, it is split instead:

@@ -1,6 +1,6 @@
 """Every process runs this same program. Only two numbers differ between them: the rank.
 
-    python exercises/hello_ranks.py --world-size 4
+    python demos/hello_ranks.py --world-size 4
 
 Run it a few times and compare the order of the lines.
 """

@@ -1,7 +1,7 @@
 """Three ways to hang a DDP job, and their fixes.
 
-    python solutions/hangs.py --world-size 2 --bug uneven_batches           # hangs
-    python solutions/hangs.py --world-size 2 --bug uneven_batches --fix     # finishes (Join)
+    python demos/hangs.py --world-size 2 --bug uneven_batches           # hangs
+    python demos/hangs.py --world-size 2 --bug uneven_batches --fix     # finishes (Join)
 
 Every collective (an all-reduce, a broadcast, a barrier, and the all-reduces DDP makes inside
 backward()) must be called by every rank, in the same order. A rank that skips one, or makes one

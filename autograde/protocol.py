@@ -1,21 +1,89 @@
-"""The formats that cross a process boundary, defined once: the launched processes write them
-(the tracer, the harness) and the checker reads them (runs, checks). A field here is written by
-one side and read by the other (a check, or a test that proves something with it);
-tests/test_formats.py fails on a field that nothing reads.
+"""Everything that crosses the process boundary, defined once: the checker's side (autograde/checker/,
+autograde/checks/) starts the learner's processes and reads what they leave; the code that runs in
+those processes (autograde/learner_processes/) writes it. Both sides import these names, and
+nothing else of each other.
 
+- The environment the checker gives every process it launches (TRACE_DIR, SCRIPT, ...), and the
+  faults and measurements it can ask for through it.
+- The tasks a run can ask `python -m autograde.learner_processes.tasks` to do (`Task`), with the
+  sizes and scenarios they use.
 - A trace is one JSON object per line and event, in `<trace dir>/trace-<pid>.jsonl`: `t`, `pid`,
   `rank`, `ev`, `line`, and the fields that EVENTS lists for its kind. `read` gives each
-  process's as a `ProcessTrace`.
+  process's as a `ProcessTrace`. tests/test_formats.py checks the recordings against EVENTS.
 - A run report is a `Setup` (the setup run), a `Workers` (the workers run) or, from the runs that
-  call a learner's functions, one `RingReport` per rank, as JSON.
+  call a learner's functions, one report per rank (`RingReport`, ...), as JSON: `read_reports`.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+# --- The environment of a launched process ------------------------------------------------------
+# The folder the checker puts first on PYTHONPATH: its sitecustomize.py starts the tracing
+STARTUP = Path(__file__).resolve().parent / "learner_processes" / "_startup"
+TRACE_DIR = "DDP_LAB_TRACE_DIR"  # set: trace this process (and its children) into this folder
+SCRIPT = "DDP_LAB_SCRIPT"  # the learner's file: lines are reported in it, errors at its last line
+STAGING = "DDP_LAB_STAGING"  # set: a Fashion-MNIST "download" copies the stand-in from this folder
+COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch operation computes
+# Faults the checker injects into the first life of a torchrun group (autograde/checks/launching.py):
+KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
+TEAR_SAVE = "DDP_LAB_TEAR_SAVE"  # "<rank>:<n>": that rank's n-th torch.save writes half the file, then SIGKILL
+SLOW_SAVE = "DDP_LAB_SLOW_SAVE"  # seconds every torch.save waits before writing: a window in which to be caught
+# Step by step (autograde/checks/scaling.py): a "step" event per optimizer step (its time, learning
+# rates and the images the model was given for it), and a run that ends itself after a number of steps.
+TRACE_STEPS = "DDP_LAB_TRACE_STEPS"  # set to 1
+STOP_AT_STEP = "DDP_LAB_STOP_AT_STEP"  # "<n>": after its n-th optimizer step, record the parameters and exit 0
+SLURM_FAIL = "DDP_LAB_SLURM_FAIL"  # set: the last task of the checker's SLURM job fails at its start
+# What a process needs to join a group with init_process_group's env:// (a SLURM task's report lists them)
+TORCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+# The torch.distributed calls traced as "enter"/"exit" events (send and recv too, and "wait")
+COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "gather", "scatter", "all_gather_object", "broadcast_object_list",
+               "gather_object", "monitored_barrier")
+
+
+# --- Tasks: the learner's functions, called in real process groups -------------------------------
+class Task(StrEnum):
+    """What `python -m autograde.learner_processes.tasks TASK` does (a run of `Workspace.called`)."""
+
+    RING = "ring"                # ring_all_reduce against dist.all_reduce (part talk)
+    SAMPLER = "sampler"          # ShardSampler's shards (part talk)
+    COLLECTIVES = "collectives"  # every scenario for real, and the file's PREDICTIONS (part talk)
+    CALLS = "calls"              # plain functions called with JSON arguments, no group (parts scaling, launching)
+    DDP = "ddp"                  # a hand-made DDP against one process on the whole batch (part inside)
+    ZERO = "zero"                # a sharded optimizer against plain AdamW (part inside)
+
+
+RING_SIZES = (12, 1001, 65537)  # 12 divides by 2, 3 and 4; 1001 and 65537 by none of them
+COLLECTIVES_WORLD_SIZE = 4
+# The collectives of notebook 10 and exercises/predict_collectives.py, on 4 ranks: each the call
+# as the exercise shows it. Rank r's buffer starts as [r + 1, 10 * (r + 1)].
+SCENARIOS: dict[str, str] = {
+    "send_recv": "rank 0: dist.send(buffer, dst=1); rank 1: dist.recv(buffer, src=0)",
+    "broadcast": "dist.broadcast(buffer, src=2)",
+    "reduce": "dist.reduce(buffer, dst=0)",
+    "all_reduce": "dist.all_reduce(buffer)",
+    "all_reduce_max": "dist.all_reduce(buffer, op=dist.ReduceOp.MAX)",
+    "all_gather": "dist.all_gather(out, buffer)",
+    "gather": "dist.gather(buffer, out if rank == 0 else None, dst=0)",
+    "scatter": "dist.scatter(buffer, pieces if rank == 0 else None, src=0)",
+    "reduce_scatter": "dist.reduce_scatter(buffer, list(big.chunk(4)))",
+    "split_sum": "part = torch.arange(1.0, 101.0)[25 * rank:25 * (rank + 1)].sum(); dist.all_reduce(part)",
+}
+OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")  # all_reduce(buffer, op=...) on the same buffers
+ZERO_STEPS = 3  # optimizer steps of the sharded optimizer's run
+
+
+def read_reports(folder: Path) -> list[dict[str, Any]]:
+    """What every rank of a task's run wrote in `folder` (`<world size>-<rank>.json`), as JSON."""
+    return [json.loads(path.read_text()) for path in sorted(Path(folder).glob("*-*.json"))]
+
+
+# --- Traces --------------------------------------------------------------------------------------
 # Every event's own fields, by kind. "enter"/"exit" are torch.distributed calls (collectives,
 # send and recv, init_process_group, destroy_process_group, and "wait": a request's wait() in the
 # learner's code); the extra fields of init_process_group's are listed.
@@ -45,23 +113,23 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "print": ("text",),
     # a point-to-point message: op is send, recv, isend or irecv; peer the other rank
     "message": ("op", "peer", "numel"),
-    # written by the harness (autograde/learner_processes/lab.py) in the processes of the workers run
+    # written by the lab's driver (autograde/learner_processes/lab.py) in the processes of the workers run
     "worker_start": ("fn", "visible_devices"),
     "worker_done": ("optimizer_steps",),
     "crash": ("error",),
     # written by autograde/learner_processes/tasks.py around each call of a learner's function
     "case_start": ("case", "world_size"),
     "case_end": ("case",),
-    # around the call of a hand-made DDP's finish_gradient_synchronization() (functions.py `ddp`)
+    # around the call of a hand-made DDP's finish_gradient_synchronization() (learner_processes/inside.py `ddp`)
     "sync_start": (),
     "sync_end": (),
-    # once a hand-made DDP is made (functions.py `ddp`): the parameters and buffers that still differ
+    # once a hand-made DDP is made (learner_processes/inside.py `ddp`): the parameters and buffers that still differ
     # from rank 0's, and for BucketedDDP each bucket plan it may follow, with parameter names
     "wrapped": ("case", "differs", "buckets"),
     # with DDP_LAB_COUNT_WORK=1, at destroy_process_group: the elements the process's PyTorch
-    # operations produced plus the lines of the learner's file it ran (tracer._count_work)
+    # operations produced plus the lines of the learner's file it ran (learner_processes/talk.py)
     "work": ("amount",),
-    # checkpoints (tracer._patch_checkpoints): files written, read and renamed, absolute paths
+    # checkpoints (learner_processes/launching.py): files written, read and renamed, absolute paths
     "save_enter": ("path",),
     "save_exit": ("path",),
     "load_enter": ("path", "map_location"),
@@ -202,7 +270,7 @@ class Call:
 
 @dataclass
 class CallsReport:
-    """What the learner's plain functions gave for the checker's arguments (functions.py `calls`)."""
+    """What the learner's plain functions gave for the checker's arguments (learner_processes/scaling.py `calls`)."""
 
     world_size: int
     rank: int
@@ -216,13 +284,13 @@ class CallsReport:
 
 @dataclass
 class DdpCase:
-    """One rank's training of the course's model under a learner's hand-made DDP (functions.py `ddp`)."""
+    """One rank's training of the course's model under a learner's hand-made DDP (learner_processes/inside.py `ddp`)."""
 
     case: int
     bucket_size_mb: float | None      # BucketedDDP's argument (None: the wrapper takes none)
     from_single: float                # largest |difference| from one process trained on the whole batch
     from_ddp: float                   # largest |difference| from DistributedDataParallel trained alike
-    bucket_plans: list[list[int]]     # the numels of the buckets each correct rule makes (functions.bucket_plans)
+    bucket_plans: list[list[int]]     # the numels of the buckets each correct rule makes (learner_processes/inside.py, bucket_plans)
     error: str | None = None          # what the learner's code raised
 
 
@@ -242,7 +310,7 @@ class DdpReport:
 
 @dataclass
 class ZeroParam:
-    """One parameter after a learner's sharded optimizer trained (functions.py `zero`)."""
+    """One parameter after a learner's sharded optimizer trained (learner_processes/inside.py `zero`)."""
 
     name: str
     numel: int

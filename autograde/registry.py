@@ -13,22 +13,22 @@ To add a graded exercise: write its check in autograde/checks/<part>.py, then ad
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from autograde.checker.runs import Family, Workspace, family
 from autograde.checks import inside, inside_hangs, lab, launching, launching_slurm, scaling, talk
 
-if TYPE_CHECKING:
-    from autograde.checker.runs import Workspace
+@dataclass(frozen=True)
+class Layout:
+    """A simulated layout a grader checks an item with, besides the default 2 nodes x 2: a hidden test."""
 
-# The kinds of run autograde/checker/runs.py makes: the lab's four, and the launched runs of the
-# exercises, one family each ("pi/3": the pi family's run with 3 processes).
-RUNS = ("setup", "workers", "program", "two_nodes", "collectives", "pi", "sampler", "ring", "torchrun", "checkpoint", "restart",
-        "slurm_env", "slurm_job", "scaling", "warmup", "lr", "speed", "pipeline", "ddp", "zero", "hang")
+    procs_per_node: int
+    nodes: int
+    why: str
 
 
-def family(run_key: str) -> str:
-    """The kind of a run made (`pi/3` -> `pi`): what an item's `runs` names."""
-    return run_key.split("/")[0]
+ONE_NODE_OF_3 = Layout(procs_per_node=3, nodes=1, why="3 processes on one node")
+THREE_NODES_OF_1 = Layout(procs_per_node=1, nodes=3, why="3 nodes of one process: each is local rank 0")
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,13 @@ class Item:
     notebook: str           # the notebook whose check cell (and grade cell) runs it
     file: str               # the learner's file the check reads, relative to the course folder
     checkpoint: str | None  # the course's file with this item done (6.5 shares 6's; Optional, 7's)
-    runs: tuple[str, ...]   # the runs its check reads (none: it reads the source)
+    runs: tuple[Family, ...]  # the kinds of run its check reads (none: it reads the source)
     check: Callable[[Workspace], str | None]  # what it observed, or None: cannot apply on this machine
     needs_gpu: bool = False  # it can only be judged where there are GPUs
     todo: str = ""           # the words after "# TODO" that mark it in the learner's file (default: Step <id>)
+    # The graders' hidden tests: more layouts its grade cell checks when grading (learners never see
+    # them; `make release` writes them into the source assignment's grade cells, autograde/course/)
+    hidden: tuple[Layout, ...] = ()
 
     @property
     def graded(self) -> bool:
@@ -67,90 +70,95 @@ class Item:
 LAB = "ddp_lab"  # the core lab's part (nbgrader assignment): the steps of fashion_mnist.py
 
 
-def _step(id: str, title: str, points: int, notebook: str, checkpoint: int, runs: tuple[str, ...],
-          check: Callable[[Workspace], str | None], needs_gpu: bool = False) -> Item:
+def _step(id: str, title: str, points: int, notebook: str, checkpoint: int, runs: tuple[Family, ...],
+          check: Callable[[Workspace], str | None], needs_gpu: bool = False, hidden: tuple[Layout, ...] = ()) -> Item:
     return Item(id, title, points, LAB, notebook, "fashion_mnist.py",
-                f"solutions/fashion_mnist_after_step_{checkpoint}.py", runs, check, needs_gpu)
+                f"solutions/fashion_mnist_after_step_{checkpoint}.py", runs, check, needs_gpu, hidden=hidden)
 
 
-S, W, P = ("setup",), ("workers",), ("program",)
+S, W, P = (Family.SETUP,), (Family.WORKERS,), (Family.PROGRAM,)
 ITEMS: list[Item] = [
     _step("0", "import torch.distributed", 1, "03_steps_0_to_2", 0, (), lab.check_0),
     _step("1", "the layout's arguments", 1, "03_steps_0_to_2", 1, S, lab.check_1),
     _step("2", "world size and rendezvous address", 1, "03_steps_0_to_2", 2, S, lab.check_2),
     _step("3", "a function per process", 1, "04_steps_3_to_5", 3, W, lab.check_3),
-    _step("4", "join the process group", 2, "04_steps_3_to_5", 4, W, lab.check_4),
-    _step("5", "one download per node", 2, "04_steps_3_to_5", 5, W, lab.check_5),
-    _step("6", "DistributedSampler", 2, "05_step_6_sampler", 6, W, lab.check_6),
+    _step("4", "join the process group", 2, "04_steps_3_to_5", 4, W, lab.check_4,
+          hidden=(ONE_NODE_OF_3,)),
+    _step("5", "one download per node", 2, "04_steps_3_to_5", 5, W, lab.check_5,
+          hidden=(THREE_NODES_OF_1,)),
+    _step("6", "DistributedSampler", 2, "05_step_6_sampler", 6, W, lab.check_6,
+          hidden=(ONE_NODE_OF_3,)),
     _step("6.5", "set_epoch", 1, "05_step_6_sampler", 6, W, lab.check_6_5),
     _step("optional", "SyncBatchNorm", 0, "06_step_7_ddp", 7, P, lab.check_optional, needs_gpu=True),
     _step("7", "DistributedDataParallel", 2, "06_step_7_ddp", 7, W, lab.check_7),
-    _step("8", "throughput over all processes", 2, "07_steps_8_and_9", 8, W, lab.check_8),
-    _step("9", "global validation metrics", 2, "07_steps_8_and_9", 9, W, lab.check_9),
-    _step("10", "mp.spawn and several nodes", 3, "08_step_10_launch", 10, ("program", "two_nodes"), lab.check_10),
+    _step("8", "throughput over all processes", 2, "07_steps_8_and_9", 8, W, lab.check_8,
+          hidden=(ONE_NODE_OF_3,)),
+    _step("9", "global validation metrics", 2, "07_steps_8_and_9", 9, W, lab.check_9,
+          hidden=(ONE_NODE_OF_3,)),
+    _step("10", "mp.spawn and several nodes", 3, "08_step_10_launch", 10, (Family.PROGRAM, Family.TWO_NODES), lab.check_10),
 ]
 TALK = "processes_talk"  # the part "how processes talk": exercises/*.py, each launched as a learner would
 ITEMS += [
     Item("predict", "predict what collectives do", 1, TALK, "10_collectives", "exercises/predict_collectives.py",
-         "solutions/predict_collectives.py", ("collectives",), talk.check_predict, todo="predict"),
+         "solutions/predict_collectives.py", (Family.COLLECTIVES,), talk.check_predict, todo="predict"),
     Item("pi", "compute pi with all_reduce", 2, TALK, "11_compute_pi", "exercises/compute_pi.py",
-         "solutions/compute_pi.py", ("pi",), talk.check_pi, todo="pi"),
+         "solutions/compute_pi.py", (Family.PI,), talk.check_pi, todo="pi"),
     Item("sampler", "a distributed sampler of your own", 2, TALK, "12_samplers", "exercises/shard_sampler.py",
-         "solutions/shard_sampler.py", ("sampler",), talk.check_sampler, todo="sampler"),
+         "solutions/shard_sampler.py", (Family.SAMPLER,), talk.check_sampler, todo="sampler"),
     Item("ring", "ring all-reduce with send and recv", 3, TALK, "13_ring_allreduce", "exercises/ring_allreduce.py",
-         "solutions/ring_allreduce.py", ("ring",), talk.check_ring, todo="ring"),
+         "solutions/ring_allreduce.py", (Family.RING,), talk.check_ring, todo="ring"),
 ]
 LAUNCH = "launching"  # the part "launching for real": scripts started by torchrun, killed, restarted
 ITEMS += [
     Item("torchrun", "the finished lab, launched by torchrun", 2, LAUNCH, "14_torchrun",
-         "exercises/fashion_mnist_torchrun.py", "solutions/fashion_mnist_torchrun.py", ("torchrun",),
+         "exercises/fashion_mnist_torchrun.py", "solutions/fashion_mnist_torchrun.py", (Family.TORCHRUN,),
          launching.check_torchrun, todo="torchrun"),
     Item("checkpoint", "a checkpoint every epoch, written safely", 2, LAUNCH, "15_fault_tolerance",
-         "exercises/resume_training.py", "solutions/resume_training.py", ("checkpoint",), launching.check_checkpoint,
+         "exercises/resume_training.py", "solutions/resume_training.py", (Family.CHECKPOINT,), launching.check_checkpoint,
          todo="checkpoint"),
     Item("resume", "resume after a worker is killed", 2, LAUNCH, "15_fault_tolerance", "exercises/resume_training.py",
-         "solutions/resume_training.py", ("checkpoint", "restart"), launching.check_resume, todo="resume"),
+         "solutions/resume_training.py", (Family.CHECKPOINT, Family.RESTART), launching.check_resume, todo="resume"),
     Item("slurm_env", "SLURM's variables mapped to PyTorch's", 2, LAUNCH, "16_slurm", "exercises/slurm_env.py",
-         "solutions/slurm_env.py", ("slurm_env",), launching_slurm.check_slurm_env, todo="slurm_env"),
+         "solutions/slurm_env.py", (Family.SLURM_ENV,), launching_slurm.check_slurm_env, todo="slurm_env"),
     Item("slurm_job", "a batch script that starts the job's tasks", 2, LAUNCH, "16_slurm", "exercises/slurm_job.sbatch",
-         "solutions/slurm_job.sbatch", ("slurm_job",), launching_slurm.check_slurm_job, todo="slurm_job"),
+         "solutions/slurm_job.sbatch", (Family.SLURM_JOB,), launching_slurm.check_slurm_job, todo="slurm_job"),
 ]
 SCALE = "scaling"  # the part "scaling": measure it, model it, find where the time goes, large batches
 ITEMS += [
     Item("scaling", "speedup, efficiency and a fitted T(N)", 2, SCALE, "17_scaling_study", "exercises/scaling_model.py",
-         "solutions/scaling_model.py", ("scaling",), scaling.check_scaling, todo="scaling"),
+         "solutions/scaling_model.py", (Family.SCALING,), scaling.check_scaling, todo="scaling"),
     Item("input_pipeline", "an input pipeline that keeps up with training", 2, SCALE, "18_where_time_goes",
-         "exercises/input_pipeline.py", "solutions/input_pipeline.py", ("pipeline",), scaling.check_input_pipeline,
+         "exercises/input_pipeline.py", "solutions/input_pipeline.py", (Family.PIPELINE,), scaling.check_input_pipeline,
          todo="input_pipeline"),
     # nbgrader has no "not applicable": a GPU-only item graded on a CPU would give a free point or a
     # zero. It is judged (n/a without 2 GPUs) and reported, but worth no points, like the Optional step.
     Item("speedup", "a speedup of 1.6 or more on 2 GPUs", 0, SCALE, "18_where_time_goes",
-         "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("speed",), scaling.check_speedup,
+         "exercises/large_batch_training.py", "solutions/large_batch_training.py", (Family.SPEED,), scaling.check_speedup,
          needs_gpu=True, todo="speedup"),
     Item("warmup", "a warm-up to the linearly scaled learning rate", 2, SCALE, "19_large_batches",
-         "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("warmup",), scaling.check_warmup,
+         "exercises/large_batch_training.py", "solutions/large_batch_training.py", (Family.WARMUP,), scaling.check_warmup,
          todo="warmup"),
     Item("lr_scaling", "the scaled rate in every optimizer step", 2, SCALE, "19_large_batches",
-         "exercises/large_batch_training.py", "solutions/large_batch_training.py", ("lr",), scaling.check_lr_scaling,
+         "exercises/large_batch_training.py", "solutions/large_batch_training.py", (Family.LR,), scaling.check_lr_scaling,
          todo="lr_scaling"),
 ]
 INSIDE = "inside_ddp"  # the part "inside DDP": data parallelism by hand, sharding, model parallelism, hangs
 ITEMS += [
     Item("naive_ddp", "DDP by hand: all-reduce every gradient", 2, INSIDE, "20_ddp_by_hand", "exercises/ddp_by_hand.py",
-         "solutions/ddp_by_hand.py", ("ddp",), inside.check_naive_ddp, todo="naive_ddp"),
+         "solutions/ddp_by_hand.py", (Family.DDP,), inside.check_naive_ddp, todo="naive_ddp"),
     Item("overlap_ddp", "DDP by hand: all-reduce during backward", 2, INSIDE, "20_ddp_by_hand",
-         "exercises/ddp_by_hand.py", "solutions/ddp_by_hand.py", ("ddp",), inside.check_overlap_ddp, todo="overlap_ddp"),
+         "exercises/ddp_by_hand.py", "solutions/ddp_by_hand.py", (Family.DDP,), inside.check_overlap_ddp, todo="overlap_ddp"),
     Item("bucketed_ddp", "DDP by hand: buckets", 3, INSIDE, "20_ddp_by_hand", "exercises/ddp_by_hand.py",
-         "solutions/ddp_by_hand.py", ("ddp",), inside.check_bucketed_ddp, todo="bucketed_ddp"),
+         "solutions/ddp_by_hand.py", (Family.DDP,), inside.check_bucketed_ddp, todo="bucketed_ddp"),
     Item("zero", "ZeRO stage 1: a sharded optimizer", 3, INSIDE, "21_sharding", "exercises/sharded_optimizer.py",
-         "solutions/sharded_optimizer.py", ("zero",), inside.check_zero, todo="zero"),
+         "solutions/sharded_optimizer.py", (Family.ZERO,), inside.check_zero, todo="zero"),
     Item("hang_collective", "fix a hang: a collective on one rank", 1, INSIDE, "23_debugging_hangs",
-         "exercises/hang_collective.py", "solutions/hang_collective.py", ("hang",), inside_hangs.check_hang_collective,
+         "exercises/hang_collective.py", "solutions/hang_collective.py", (Family.HANG,), inside_hangs.check_hang_collective,
          todo="hang_collective"),
     Item("hang_uneven", "fix a hang: uneven batches", 1, INSIDE, "23_debugging_hangs", "exercises/hang_uneven.py",
-         "solutions/hang_uneven.py", ("hang",), inside_hangs.check_hang_uneven, todo="hang_uneven"),
+         "solutions/hang_uneven.py", (Family.HANG,), inside_hangs.check_hang_uneven, todo="hang_uneven"),
     Item("hang_early_stop", "fix a hang: early stopping decided on rank 0", 1, INSIDE, "23_debugging_hangs",
-         "exercises/hang_early_stop.py", "solutions/hang_early_stop.py", ("hang",), inside_hangs.check_hang_early_stop,
+         "exercises/hang_early_stop.py", "solutions/hang_early_stop.py", (Family.HANG,), inside_hangs.check_hang_early_stop,
          todo="hang_early_stop"),
 ]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
@@ -163,6 +171,7 @@ class Part:
     """A part of the course: one nbgrader assignment, its notebooks and the files handed out with it."""
 
     id: str
+    short: str                 # its files' name: autograde/checks/<short>.py, learner_processes/<short>.py, notebook/<short>.py
     title: str
     notebooks: str             # a glob of its notebooks in notebooks/
     graded: str                # a glob of those with grade cells (grading runs only these)
@@ -180,17 +189,17 @@ class Part:
 
 
 PARTS = [
-    Part(LAB, "The DDP Lab: fashion_mnist.py, Steps 0-10", "0*.ipynb", "*step*",
+    Part(LAB, "lab", "The DDP Lab: fashion_mnist.py, Steps 0-10", "0*.ipynb", "*step*",
          ("demos/big_batch_equivalence.py",)),
-    Part(TALK, "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1[0-3]_*.ipynb",
+    Part(TALK, "talk", "How processes talk: ranks, collectives, compute pi, samplers, ring all-reduce", "1[0-3]_*.ipynb",
          "1[0-3]_*", ("demos/hello_ranks.py",)),
-    Part(LAUNCH, "Launching for real: torchrun, checkpoints and restarts, SLURM, nodes that never arrive",
+    Part(LAUNCH, "launching", "Launching for real: torchrun, checkpoints and restarts, SLURM, nodes that never arrive",
          "1[4-6]_*.ipynb", "1[4-6]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
                                          "demos/slurm/srun_one_task_per_gpu.sbatch",
                                          "demos/slurm/srun_torchrun_per_node.sbatch")),
-    Part(SCALE, "Scaling: measure it, model it, find where the time goes, train with large batches",
+    Part(SCALE, "scaling", "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[7-9]_*", ("demos/speed_fixes.py",)),
-    Part(INSIDE, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
+    Part(INSIDE, "inside", "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
          "2[013]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/model_parallel.py",
                      "demos/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
 ]

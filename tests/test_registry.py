@@ -6,11 +6,13 @@ import fnmatch
 import inspect
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from autograde import registry
 from autograde.checker import api
+from autograde.checker.runs import Family
 from conftest import ROOT
 
 ITEMS = registry.ITEMS
@@ -40,9 +42,10 @@ def test_an_item_is_checked_in_its_notebook_and_graded_for_its_points(item: regi
 def test_an_item_names_real_files_and_its_check_lives_in_its_parts_module(item: registry.Item) -> None:
     assert (ROOT / item.file).is_file() or item.file == "fashion_mnist.py"
     assert item.checkpoint is None or (ROOT / item.checkpoint).is_file(), item.checkpoint
-    assert set(item.runs) <= set(registry.RUNS), item.runs
-    source = inspect.getsourcefile(item.check) or ""
-    assert source.startswith(str(ROOT / "autograde" / "checks")), source
+    assert all(isinstance(kind, Family) for kind in item.runs), item.runs
+    source = Path(inspect.getsourcefile(item.check) or "")
+    assert source.parent == ROOT / "autograde" / "checks", source
+    assert source.stem.split("_")[0] == registry.PART[item.part].short, f"{source} is not part {item.part}'s module"
     assert item.check.__doc__, f"{item.check.__name__} must say what it proves"
 
 

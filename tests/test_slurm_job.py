@@ -17,6 +17,7 @@ import pytest
 from autograde import processes
 from autograde.checker.runs import STALL_SECONDS
 from autograde.checks import launching_slurm as slurm
+from autograde.learner_processes import launching
 from autograde.tools import fake_slurm
 from conftest import ROOT
 
@@ -36,6 +37,7 @@ def _job(tmp_path: Path, body: str, *options: str) -> processes.Result:
 FAILING_STEP = ("srun {option} bash -c 'if [ $SLURM_PROCID = 1 ]; then exit 3; fi; sleep 4; touch ran-on' \n")
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("option,stopped", [("", False), ("--kill-on-bad-exit=0", False), ("-K", True),
                                             ("-K1", True), ("--kill-on-bad-exit", True), ("--kill-on-bad-exit=1", True)])
 def test_srun_stops_the_other_tasks_only_when_asked(tmp_path: Path, option: str, stopped: bool) -> None:
@@ -46,6 +48,7 @@ def test_srun_stops_the_other_tasks_only_when_asked(tmp_path: Path, option: str,
     assert (tmp_path / "ran-on").exists() is not stopped, result.output
 
 
+@pytest.mark.launch
 def test_sbatchs_command_line_wins_over_the_sbatch_lines(tmp_path: Path) -> None:
     """The layout given to sbatch replaces the one the script asks for, and srun with no layout of
     its own starts the job's tasks: 1 node x 3 tasks, not the script's 2 x 2."""
@@ -56,6 +59,7 @@ def test_sbatchs_command_line_wins_over_the_sbatch_lines(tmp_path: Path) -> None
     assert sorted(given.stdout.split("\n"))[1:] == [f"task {t} node 0" for t in range(3)], given.output
 
 
+@pytest.mark.launch
 def test_exports_in_double_quotes_give_every_task_rank_0(tmp_path: Path) -> None:
     """Notebook 16: in double quotes the batch script expands $SLURM_PROCID once, to its own 0,
     before srun starts the tasks; in single quotes each task expands its own."""
@@ -75,6 +79,7 @@ def test_the_solution_asks_for_the_checks_layout_and_the_exercise_for_none() -> 
     assert "# TODO slurm_job" in EXERCISE.read_text()
 
 
+@pytest.mark.launch
 def test_the_untouched_file_fails_in_init_process_group() -> None:
     """Notebook 16: the untouched script's one task, with no RANK, stops in init_process_group with
     "environment variable RANK expected, but not set" (the recording of the check's run); the
@@ -90,6 +95,7 @@ def test_the_untouched_file_fails_in_init_process_group() -> None:
     assert result.returncode == 2 and "start me with torchrun" in result.stderr, result.output
 
 
+@pytest.mark.launch
 def test_bash_c_gives_the_word_after_the_command_to_0_and_the_rest_to_its_arguments() -> None:
     """Hint 2 of notebook 16: in `bash -c '...' bash "$@"`, the word after the command becomes $0
     and the job's arguments become "$@"."""
@@ -97,6 +103,7 @@ def test_bash_c_gives_the_word_after_the_command_to_0_and_the_rest_to_its_argume
     assert result.stdout == "bash|a b|2\n", result.output
 
 
+@pytest.mark.launch
 def test_the_batch_script_runs_on_the_first_node_of_the_job(tmp_path: Path) -> None:
     """Notebook 16: sbatch runs the batch script once, on the job's first node (the stand-in's
     127.0.0.1 of 127.0.0.[1-2])."""
@@ -107,4 +114,4 @@ def test_the_batch_script_runs_on_the_first_node_of_the_job(tmp_path: Path) -> N
 def test_the_probe_waits_longer_than_the_checker_calls_a_stall() -> None:
     """The failing job's verdict rests on this: a task left waiting in the probe's
     init_process_group (60 s) is still waiting when the checker stops the run as stalled."""
-    assert "timedelta(seconds=60)" in slurm.PROBE and STALL_SECONDS < 60
+    assert launching.PROBE_GROUP_TIMEOUT > STALL_SECONDS

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from autograde import paths, registry
-from autograde.checker import cache, devices, judge
+from autograde.checker import cache, devices, judge, runs
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
 
@@ -150,13 +150,13 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
             say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
     for step, result in verdicts.items():
-        affected = {name: cause for name, cause in outside.items() if registry.family(name) in registry.item(step).runs}
+        affected = {name: cause for name, cause in outside.items() if runs.family(name) in registry.item(step).runs}
         if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
             affected = affected or outside
         if affected and result.passed is False:
             verdicts[step] = _checker_error(result, affected)
     kept = {step: r for step, r in verdicts.items()
-            if not set(registry.item(step).runs) & {registry.family(name) for name in outside} and not r.checker_error}
+            if not set(registry.item(step).runs) & {runs.family(name) for name in outside} and not r.checker_error}
     cache.save(path, procs_per_node, nodes, layout, {**known, **kept})
     return [verdicts[step] for step in wanted]
 

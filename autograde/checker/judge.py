@@ -9,6 +9,11 @@ from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Failed, Result
 
 
+def _label(step: str) -> str:
+    """The words after `# TODO` that mark an item in the learner's file."""
+    return registry.item(step).label
+
+
 def _with_problems(ws: Workspace, step: str, observed: str) -> str:
     """`observed`, plus what went wrong in the runs the item read (a deadlock, a crash)."""
     for run in _runs_read(ws, step):
@@ -21,7 +26,7 @@ def _with_problems(ws: Workspace, step: str, observed: str) -> str:
 def _runs_read(ws: Workspace, step: str) -> list[runs.Run]:
     """The runs made so far of the kinds the item reads."""
     kinds = set(registry.item(step).runs)
-    return [run for key, run in ws.made().items() if registry.family(key) in kinds]
+    return [run for key, run in ws.made().items() if runs.family(key) in kinds]
 
 
 def check(ws: Workspace, step: str) -> Result:
@@ -33,11 +38,11 @@ def check(ws: Workspace, step: str) -> Result:
         earlier = _first_failing_before(ws, step)
         observed = _with_problems(ws, step, failure.observed)
         if earlier is None:
-            return Result(step, False, observed, failure.hint(step))
+            return Result(step, False, observed, failure.hint(_label, step))
         # The item is judged on its own: its own words and hint, with the earlier item named as a
         # possible cause. Only a run cut short before it showed this item has the earlier one's hint.
         label = registry.item(earlier.step).label
-        hint = earlier.hint if failure.inconclusive else f"{failure.hint(step)} (or {label}, which fails too, may be the cause)"
+        hint = earlier.hint if failure.inconclusive else f"{failure.hint(_label, step)} (or {label}, which fails too, may be the cause)"
         return Result(step, False, f"{observed} ({label} is not right yet either: {earlier.observed})", hint,
                       earlier=earlier.step)
     except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
@@ -48,7 +53,7 @@ def check(ws: Workspace, step: str) -> Result:
         problems = [p for run in _runs_read(ws, step) if (p := run.problem())]
         if problems:
             return Result(step, False, f"{problems[0]} (so there was too little to check this step)",
-                          Failed("", "run the script by hand to see what happens").hint(step))
+                          Failed("", "run the script by hand to see what happens").hint(_label, step))
         return Result(step, False, f"the checker failed while checking this step ({type(err).__name__}: {err}). "
                       "This is the checker's fault, not your script's", "please report it to the course's maintainers, "
                       "with this message and your script", checker_error=True)
@@ -69,7 +74,7 @@ def _first_failing_before(ws: Workspace, step: str) -> Result | None:
             earlier.check(ws)
         except Failed as failure:
             if not failure.inconclusive:  # a run cut short by a later step's bug says nothing about this one
-                return Result(earlier.id, False, failure.observed, failure.hint(earlier.id))
+                return Result(earlier.id, False, failure.observed, failure.hint(_label, earlier.id))
         except Exception:  # check() reports a check's own failure; here it only hides an earlier step
             continue
     return None

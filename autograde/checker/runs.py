@@ -24,16 +24,15 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
 from autograde import data, processes, paths
 from autograde.checker import devices
-from autograde.learner_processes import tasks as functions
-from autograde.protocol import ProcessTrace, read as read_traces, where
+from autograde.protocol import SCRIPT, STAGING, STARTUP, TRACE_DIR, ProcessTrace, Task, read as read_traces, read_reports, where
 
-STARTUP = Path(__file__).resolve().parents[1] / "learner_processes" / "_startup"
 HEARTBEAT = 5.0  # seconds between the lines a long run prints to show it is alive
 STALL_SECONDS = 12.0  # on GPUs, 30: setting up CUDA and NCCL can be slow
 TIME_LIMIT = 120.0
@@ -180,7 +179,41 @@ class Abandoned(Exception):
     so the whole set is made again."""
 
 
-RUN_NAMES = {"setup": "setup run", "workers": "workers run", "program": "program run", "two_nodes": "two-node run"}
+class Family(StrEnum):
+    """The kinds of run a check reads, each named here once: an item's `runs` (autograde/registry.py)
+    lists the families its check reads, and a run made for a check is kept under `<family>/<which>`
+    (`pi/3`: the pi family's run with 3 processes). The lab's four are made by the properties below."""
+
+    SETUP = "setup"
+    WORKERS = "workers"
+    PROGRAM = "program"
+    TWO_NODES = "two_nodes"
+    COLLECTIVES = "collectives"
+    PI = "pi"
+    SAMPLER = "sampler"
+    RING = "ring"
+    TORCHRUN = "torchrun"
+    CHECKPOINT = "checkpoint"
+    RESTART = "restart"
+    SLURM_ENV = "slurm_env"
+    SLURM_JOB = "slurm_job"
+    SCALING = "scaling"
+    WARMUP = "warmup"
+    LR = "lr"
+    SPEED = "speed"
+    PIPELINE = "pipeline"
+    DDP = "ddp"
+    ZERO = "zero"
+    HANG = "hang"
+
+
+def family(run_key: str) -> Family:
+    """The family of a run made (`pi/3` -> `pi`)."""
+    return Family(run_key.split("/")[0])
+
+
+RUN_NAMES = {Family.SETUP: "setup run", Family.WORKERS: "workers run", Family.PROGRAM: "program run",
+             Family.TWO_NODES: "two-node run"}
 
 
 class NotRecorded(Exception):
@@ -244,18 +277,20 @@ class Workspace:
         """The runs made so far, by key (setup, workers, program, two_nodes; "pi/3" for launched runs)."""
         return {name: run for name, run in vars(self).items() if isinstance(run, Run)}
 
-    def launched(self, key: str, label: str, argv: list[str], env: dict[str, str] | None = None) -> Run:
+    def launched(self, family: Family, which: str, label: str, argv: list[str], env: dict[str, str] | None = None) -> Run:
         """`python <script> ARGV` as the learner would type it (the script starts its own
-        processes), traced, made once per `key` ("<family>/<which>": the family is what an item's
-        `runs` names in autograde/registry.py). `label` names it in verdicts ("run with 3 processes")."""
-        return self.once(key, label, [str(self.script), *argv], argv, env)
+        processes), traced, made once per family and `which` (kept as "<family>/<which>"; the family
+        is what an item's `runs` names in autograde/registry.py). `label` names it in verdicts
+        ("run with 3 processes")."""
+        return self.once(family, which, label, [str(self.script), *argv], argv, env)
 
-    def torchrun(self, key: str, label: str, nodes: list[tuple[list[str], list[str]]],
+    def torchrun(self, family: Family, which: str, label: str, nodes: list[tuple[list[str], list[str]]],
                  env: dict[str, str] | None = None) -> Run:
         """`torchrun OPTIONS script ARGV` for each (OPTIONS, ARGV) of `nodes`, the commands started
         together (one per simulated node), traced: torchrun's agent and every worker it starts,
-        restarts included. Made once per `key`, like `launched`. The workers use the CPU unless
+        restarts included. Made once per family and `which`, like `launched`. The workers use the CPU unless
         there are two GPUs or more (each node command then sees them all)."""
+        key = f"{family}/{which}"
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
             commands = [[processes.PYTHON, "-m", "torch.distributed.run", *options, str(self.script), *argv]
@@ -268,34 +303,32 @@ class Workspace:
         assert isinstance(run, Run)
         return run
 
-    def called(self, key: str, label: str, task: str, options: list[str]) -> Run:
+    def called(self, family: Family, which: str, label: str, task: Task, options: list[str],
+               env: dict[str, str] | None = None) -> Run:
         """The learner's functions called in real process groups by autograde/learner_processes/tasks.py
         (`task`: what it calls; `options`: its command line, with the world sizes), traced, made
-        once per `key` like `launched`. The run's report is {"ranks": [each process's report]}."""
-        argv = ["-m", "autograde.learner_processes.tasks", task, "--script", str(self.script), *options]
-        return self.once(key, label, argv, options, None, reports=True)
+        once per family and `which` like `launched`. The run's report is {"ranks": [each process's report]}."""
+        command = ["-m", "autograde.learner_processes.tasks", str(task), "--script", str(self.script), *options]
+        return self.once(family, which, label, command, options, env, reports=True)
 
-    def once(self, key: str, label: str, command: list[str], argv: list[str], env: dict[str, str] | None,
-              reports: bool = False) -> Run:
-        """`python COMMAND` (the run's `argv` is what a verdict shows), made once per key: what
+    def once(self, family: Family, which: str, label: str, command: list[str], argv: list[str],
+             env: dict[str, str] | None, reports: bool = False) -> Run:
+        """`python COMMAND` (the run's `argv` is what a verdict shows), made once per family and
+        `which`: what
         `launched` and `called` make, and any other command a check needs (the SLURM stand-in's
         job, say). With `reports`, COMMAND takes `--out DIR` and the run's report is {"ranks": ...}."""
+        key = f"{family}/{which}"
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
             out = ["--out", str(folder)] if reports else []
             visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.gpus)))}
             results, stalled = self._launch(label, [[processes.PYTHON, *command, *out]], folder,
                                             env={**visible, **(env or {})})
-            report = {"ranks": functions.read_reports(folder)} if reports else None
+            report = {"ranks": read_reports(folder)} if reports else None
             self.__dict__[key] = Run(label, results, read_traces(folder), report, stalled, argv)
         run = self.__dict__[key]
         assert isinstance(run, Run)
         return run
-
-    @property
-    def ran_out_of_time(self) -> bool:
-        """Whether a run made so far hit TIME_LIMIT (a deadlock stops earlier, as a stall)."""
-        return any(r.timed_out for run in self.made().values() for r in run.results)
 
     def on_gpu(self, run: str) -> bool:
         """Whether the run (workers, program, two_nodes) uses GPUs (else the CPU, with gloo)."""
@@ -320,8 +353,8 @@ class Workspace:
 
     def _env(self, trace_dir: Path, gpus: str) -> dict[str, str]:
         path = [str(STARTUP), str(paths.REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        env = {"PYTHONPATH": os.pathsep.join(path), "DDP_LAB_TRACE_DIR": str(trace_dir),
-               "DDP_LAB_SCRIPT": str(self.script), "DDP_LAB_STAGING": str(self.staging),
+        env = {"PYTHONPATH": os.pathsep.join(path), TRACE_DIR: str(trace_dir),
+               SCRIPT: str(self.script), STAGING: str(self.staging),
                # asking how many GPUs there are must not set up CUDA: the workers run forks
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
                "CUDA_VISIBLE_DEVICES": gpus}  # "": the CPU
@@ -336,7 +369,7 @@ class Workspace:
         """Start the commands together (command i sees GPUs gpus[i], all of them the CPU when None);
         stop them all at a deadlock or the time limit."""
         if self.replaying:
-            raise NotRecorded(f"the {name} was not recorded: record it again (python -m autograde.tools.record_runs)")
+            raise NotRecorded(f"the {name} was not recorded: record it again (.venv/bin/python tests/record_runs.py)")
         spoilt = [f"the {run.name}: {cause}" for run in self.made().values() if (cause := run.outside_cause())]
         if spoilt:  # these runs will all be made again: making more now would only cost time
             raise Abandoned(f"{spoilt[0]}, so the {name} was not made")

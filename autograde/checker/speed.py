@@ -2,7 +2,7 @@
 `make bench`.
 
 A run made with DDP_LAB_TRACE_STEPS=1 has a "step" event after every optimizer step of every
-process: its time, and the images the model was given for it (tracer._count_step). With
+process: its time, and the images the model was given for it (autograde/learner_processes/scaling.py). With
 DDP_LAB_STOP_AT_STEP=K every process records its parameters after step K and ends.
 
 - `throughput`: the images of all processes over the steps after the warm-up, divided by the

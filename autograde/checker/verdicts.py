@@ -8,6 +8,7 @@ raises `Failed` (through `require`) when it is wrong. It never names its own ite
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from autograde.checker.runs import Run
 
@@ -41,15 +42,10 @@ class Failed(Exception):
         self.observed, self.what, self.step, self.todo = observed, what, step, todo
         self.inconclusive = inconclusive  # the run stopped before it showed this item at work
 
-    def hint(self, item: str) -> str:
-        return todo_hint(self.step or item, self.what) if self.todo else self.what
-
-
-def todo_hint(item: str, what: str) -> str:
-    """Where to look: the item's TODO marker in the learner's file."""
-    from autograde import registry  # here, not above: the registry imports the checks, which import this
-
-    return f"see `# TODO {registry.item(item).label}`: {what}"
+    def hint(self, label: Callable[[str], str], item: str) -> str:
+        """The hint, pointing at the TODO of `item` (or of this failure's own `step`), whose marker's
+        words `label` gives: the judge, which knows the items, says where the learner should look."""
+        return f"see `# TODO {label(self.step or item)}`: {self.what}" if self.todo else self.what
 
 
 def require(condition: object, observed: str, what: str, inconclusive: bool = False) -> None:

@@ -11,7 +11,7 @@ finish_gradient_synchronization(); and, right after the wrapper was made, which 
 buffers still held the rank's own values rather than rank 0's ("wrapped" events), with the buckets
 each correct rule makes, by parameter name.
 
-The sharded optimizer (ZeRO stage 1) of exercises/sharded_optimizer.py is tried by functions.py
+The sharded optimizer (ZeRO stage 1) of exercises/sharded_optimizer.py is tried by autograde/learner_processes/inside.py
 `zero` on 2 and 3 processes under DistributedDataParallel, against plain AdamW, and each rank's
 optimizer state is weighed.
 """
@@ -20,10 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autograde.protocol import DdpReport, Event, ProcessTrace, ZeroReport
-from autograde.learner_processes.tasks import ZERO_STEPS
-from autograde.checker.runs import Run, Workspace
-from autograde.learner_processes.tracer import COLLECTIVES
+from autograde.protocol import COLLECTIVES, ZERO_STEPS, DdpReport, Event, ProcessTrace, Task, ZeroReport
+from autograde.checker.runs import Family, Run, Workspace
 from autograde.checker.verdicts import require, run_ok
 
 DDP_WORLD_SIZES = (2, 3)
@@ -45,7 +43,7 @@ def _ddp_run(ws: Workspace, wrapper: str, buckets: tuple[float, ...] = ()) -> Ru
     """The wrapper's run, judged first for a hang: before its waits, its weights or its collectives."""
     sizes = [str(n) for n in DDP_WORLD_SIZES]
     extra = ["--bucket-sizes", *map(str, buckets)] if buckets else []
-    run = ws.called(f"ddp/{wrapper}", f"{wrapper} on {' and '.join(sizes)} processes", "ddp",
+    run = ws.called(Family.DDP, wrapper, f"{wrapper} on {' and '.join(sizes)} processes", Task.DDP,
                     ["--world-sizes", *sizes, "--wrapper", wrapper, *extra])
     _require_no_hang(run, "one all_reduce for every gradient (or bucket)")
     return run
@@ -268,7 +266,7 @@ def check_bucketed_ddp(ws: Workspace) -> str:
     the same weights as one process and as DDP, to 1e-6, on 2 and 3 processes; each step makes one
     all_reduce per bucket, of the sizes the exercise's rule gives (parameters in reverse order, a new
     bucket when the next would overflow it; DDP's own reducer's rule, a bucket closed once it reaches
-    the size, and a megabyte of 10**6 bytes pass too: functions.bucket_plans), and every bucket whose
+    the size, and a megabyte of 10**6 bytes pass too: autograde/learner_processes/inside.py, bucket_plans), and every bucket whose
     gradients all arrive starts its all_reduce during backward(). A bucket never all-reduced while
     the others were (the unused layer's, never filled) is named, with its parameters, before the
     weights it leaves wrong."""
@@ -303,7 +301,7 @@ STATE_SLACK = 1.02  # Adam's step counts, a few bytes per parameter, sit where t
 
 def _zero_reports(ws: Workspace) -> list[ZeroReport]:
     sizes = [str(n) for n in ZERO_WORLD_SIZES]
-    run = ws.called(f"zero/{'-'.join(sizes)}", f"ShardedOptimizer on {' and '.join(sizes)} processes", "zero",
+    run = ws.called(Family.ZERO, "-".join(sizes), f"ShardedOptimizer on {' and '.join(sizes)} processes", Task.ZERO,
                     ["--world-sizes", *sizes])
     reports = sorted((ZeroReport.from_json(r) for r in (run.report or {}).get("ranks", [])),
                      key=lambda r: (r.world_size, r.rank))

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 
-from autograde.learner_processes import tracer
-from autograde.protocol import ProcessTrace
-from autograde.checker.runs import Run, Workspace
+from autograde.protocol import TRACE_STEPS, ProcessTrace
+from autograde.checker.runs import Family, Run, Workspace
 from autograde.checker.verdicts import Failed, require, run_ok
 
 HANG_WORLD_SIZE = 2
@@ -32,7 +31,7 @@ WEIGHTS = re.compile(r"^rank (\d+): done after (\d+) epochs?, weights ([0-9a-f]+
 def _run(ws: Workspace, name: str, argv: list[str]) -> Run:
     """The script with `argv`, on 2 processes, each optimizer step traced."""
     argv = ["--world-size", str(HANG_WORLD_SIZE), *argv]
-    return ws.launched(f"hang/{name}", f"run with {' '.join(argv)}", argv, env={tracer.TRACE_STEPS: "1"})
+    return ws.launched(Family.HANG, name, f"run with {' '.join(argv)}", argv, env={TRACE_STEPS: "1"})
 
 
 def _printed(trace: ProcessTrace) -> list[str]:

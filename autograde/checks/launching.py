@@ -11,7 +11,7 @@ caught going on), once with rank 1 killed (SIGKILL) in the middle of epoch 2, an
 rank 0 killed halfway through writing its second checkpoint. torchrun restarts the group after
 a kill; the check reads where the restarted processes began (from their optimizer steps) and
 compares their final weights with the undisturbed run's. The faults are injected by the tracer
-(autograde/learner_processes/tracer.py), at steps and saves, never at times: a loaded machine only slows
+(autograde/learner_processes/launching.py), at steps and saves, never at times: a loaded machine only slows
 them down. Like every check, they read behaviour, never names or wording.
 """
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from autograde import processes
-from autograde.protocol import Event, ProcessTrace
-from autograde.checker.runs import Run, Workspace
-from autograde.learner_processes.tracer import COLLECTIVES, KILL_AT_STEP, SLOW_SAVE, TEAR_SAVE
+from autograde.protocol import COLLECTIVES, KILL_AT_STEP, SLOW_SAVE, TEAR_SAVE, Event, ProcessTrace
+from autograde.checker.runs import Family, Run, Workspace
 from autograde.checker.verdicts import Failed, require, run_ok
 
 # torchrun ---------------------------------------------------------------------------------
@@ -35,14 +34,14 @@ TORCHRUN_ARGV = ["--widen-factor", "1", "--batch-size", "16", "--epochs", "2", "
 
 def _standalone(ws: Workspace) -> Run:
     """One node with 2 processes: `torchrun --standalone --nproc-per-node 2`."""
-    return ws.torchrun("torchrun/standalone", "torchrun --standalone run", [
+    return ws.torchrun(Family.TORCHRUN, "standalone", "torchrun --standalone run", [
         (["--standalone", "--nproc-per-node", "2"], [*TORCHRUN_ARGV, "--data-dir", str(ws.root / "disk")])])
 
 
 def _two_nodes(ws: Workspace) -> Run:
     """Two node commands of 1 process each, started together, each with a disk of its own."""
     port = processes.free_port()
-    return ws.torchrun("torchrun/two_nodes", "two-node torchrun run", [
+    return ws.torchrun(Family.TORCHRUN, "two_nodes", "two-node torchrun run", [
         (["--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1", "--rdzv-endpoint", f"localhost:{port}"],
          [*TORCHRUN_ARGV, "--data-dir", str(ws.root / f"node{k}-disk")]) for k in (0, 1)])
 
@@ -203,8 +202,8 @@ def checkpoint_run(ws: Workspace, which: str, env: dict[str, str], restarts: int
     options = ["--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts)]
     label = {"whole": "undisturbed torchrun run", "killed": "torchrun run with a worker killed",
              "torn": "torchrun run with a kill during a save"}[which]
-    family = "checkpoint" if which == "whole" else "restart"  # what the registry's items read
-    return ws.torchrun(f"{family}/{which}", label, [(options, argv)], {**FRESH_STORE, **env})
+    family = Family.CHECKPOINT if which == "whole" else Family.RESTART  # what the registry's items read
+    return ws.torchrun(family, which, label, [(options, argv)], {**FRESH_STORE, **env})
 
 
 def _kill_step(per_epoch: float) -> int:

@@ -7,14 +7,14 @@ contiguous (`n[01-03,07]`), with the course's stand-in `scontrol` first on PATH,
 returns is compared with what init_process_group's env:// needs. Then the file runs as the tasks
 of real jobs under autograde/tools/fake_slurm.py (sbatch and srun on this machine, the nodes
 127.0.0.1, 127.0.0.2, ...), for several layouts: each task runs the file as `__main__` through
-this module (`python -m autograde.checks.launching_slurm task FILE --out DIR`), which writes down the
+this module (`python -m autograde.learner_processes.launching slurm-task FILE --out DIR`), which writes down the
 task's SLURM variables and the PyTorch variables it joins with (`DIR/slurm-<task>.json`, the
 run's report), and the trace shows the group it formed.
 
 `slurm_job` runs the learner's batch script (exercises/slurm_job.sbatch) under the same stand-in:
 as it is (the layout it asks for must be JOB_LAYOUT), with the layouts of JOB_LAYOUTS given on
 sbatch's command line, and once more with one task failing at its start. $TRAIN_SCRIPT is the
-checker's probe (PROBE, written into the workspace), which writes down each task's variables
+checker's probe (autograde/learner_processes/launching.py `slurm_probe`), which writes down each task's variables
 (`DIR/slurm-<task>.json`, DIR its trace folder) and joins a gloo group with env://.
 Like the other checks, it reads behaviour, never names or wording.
 """
@@ -22,20 +22,16 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import shlex
-import sys
 from pathlib import Path
-from typing import Any
 
 from autograde import processes
-from autograde.protocol import Call, CallsReport
-from autograde.checker.runs import Run, Workspace
+from autograde.protocol import SLURM_FAIL, TORCH_VARIABLES, Call, CallsReport, Task
+from autograde.checker.runs import Family, Run, Workspace
 from autograde.checker.verdicts import require, run_ok
 from autograde.tools import fake_slurm
 
 FAKE_SLURM = Path(fake_slurm.__file__).resolve()
-TORCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 FUNCTION = "torch_env_from_slurm"
 
 # Made-up jobs: (job id, node list as SLURM writes it, tasks per node). Real clusters' names:
@@ -90,10 +86,8 @@ def _scontrol_path(ws: Workspace) -> dict[str, str]:
 
 def _calls_run(ws: Workspace) -> Run:
     calls = [[FUNCTION, [env]] for job in JOBS for env in _job_tasks(*job)]
-    options = ["--calls", json.dumps(calls)]
-    argv = ["-m", "autograde.learner_processes.tasks", "calls", "--script", str(ws.script), *options]
-    return ws.once("slurm_env/calls", f"calls of {FUNCTION} for the tasks of {len(JOBS)} made-up jobs", argv,
-                    options, _scontrol_path(ws), reports=True)
+    return ws.called(Family.SLURM_ENV, "calls", f"calls of {FUNCTION} for the tasks of {len(JOBS)} made-up jobs",
+                     Task.CALLS, ["--calls", json.dumps(calls)], _scontrol_path(ws))
 
 
 def _returned(call: Call, where: str) -> dict[str, str]:
@@ -170,10 +164,10 @@ def _task_run(ws: Workspace, nodes: int, per_node: int) -> Run:
     batch = ws.root / "slurm_env_check.sbatch"
     if not ws.replaying and not batch.exists():
         batch.write_text("#!/bin/bash\n# the checker's job: each task runs the learner's file, noted by the checker\n"
-                         f"srun --kill-on-bad-exit=1 {shlex.quote(processes.PYTHON)} -m autograde.checks.launching_slurm task "
+                         f"srun --kill-on-bad-exit=1 {shlex.quote(processes.PYTHON)} -m autograde.learner_processes.launching slurm-task "
                          f"{shlex.quote(str(ws.script))} \"$@\"\n")  # "$@": --out DIR, the run's report folder
     argv = ["--nodes", str(nodes), "--ntasks-per-node", str(per_node)]
-    return ws.once(f"slurm_env/{nodes}x{per_node}", f"job of {nodes} node{'s' if nodes > 1 else ''} x {per_node} "
+    return ws.once(Family.SLURM_ENV, f"{nodes}x{per_node}", f"job of {nodes} node{'s' if nodes > 1 else ''} x {per_node} "
                     f"task{'s' if per_node > 1 else ''} under the fake SLURM",
                     ["-I", str(FAKE_SLURM), *argv, str(batch)], argv, None, reports=True)
 
@@ -244,26 +238,9 @@ def _judge_task_run(run: Run, nodes: int, per_node: int,
 
 JOB_LAYOUT = (2, 2)  # nodes x tasks per node that exercises/slurm_job.sbatch must ask for
 JOB_LAYOUTS = ((1, 3), (3, 1))  # given on sbatch's command line: the script must follow them
-FAIL = "DDP_LAB_SLURM_FAIL"  # set: the probe's last task fails at its start
-# $TRAIN_SCRIPT of the checker's jobs: each task writes down its variables in its trace folder,
-# then joins a gloo group with env:// and makes one all_reduce (stdlib and torch only).
-PROBE = f"""\
-import datetime, json, os, sys
-seen = {{k: v for k, v in os.environ.items() if k.startswith("SLURM")}}
-seen.update({{k: os.environ.get(k) for k in {TORCH_VARIABLES!r}}})
-task = os.environ.get("SLURM_PROCID", "0")
-with open(os.path.join(os.environ["DDP_LAB_TRACE_DIR"], "slurm-" + task + ".json"), "w") as out:
-    json.dump(seen, out)
-if os.environ.get({FAIL!r}) and int(task) == int(os.environ.get("SLURM_NTASKS", "1")) - 1:
-    sys.exit("the checker's probe: task " + task + " fails on purpose")
-import torch
-import torch.distributed as dist
-torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
-total = torch.ones(1)
-dist.all_reduce(total)
-dist.destroy_process_group()
-"""
+# $TRAIN_SCRIPT of the checker's jobs (written into the workspace): each task writes down its
+# variables in its trace folder, then joins a gloo group with env:// and makes one all_reduce.
+PROBE = "from autograde.learner_processes.launching import slurm_probe\n\nslurm_probe()\n"
 
 
 def _job_run(ws: Workspace, layout: tuple[int, int] | None, fail: bool = False) -> Run:
@@ -281,8 +258,8 @@ def _job_run(ws: Workspace, layout: tuple[int, int] | None, fail: bool = False) 
         key, label = f"{layout[0]}x{layout[1]}", (f"job of {layout[0]} node{'s' if layout[0] > 1 else ''} x "
                                                    f"{layout[1]} task{'s' if layout[1] > 1 else ''} (given to sbatch)")
     if fail:
-        key, label, env[FAIL] = f"{key}-failing", f"{label}, its last task failing", "1"
-    return ws.once(f"slurm_job/{key}", label, ["-I", str(FAKE_SLURM), *argv, str(ws.script)], argv, env,
+        key, label, env[SLURM_FAIL] = f"{key}-failing", f"{label}, its last task failing", "1"
+    return ws.once(Family.SLURM_JOB, key, label, ["-I", str(FAKE_SLURM), *argv, str(ws.script)], argv, env,
                    reports=True)
 
 
@@ -322,29 +299,3 @@ def check_slurm_job(ws: Workspace) -> str:
             f"{', '.join(f'{n}x{k}' for n, k in JOB_LAYOUTS)} given to sbatch, every task ran $TRAIN_SCRIPT with "
             f"the right variables and they formed their group; when task {last} failed, srun stopped the others "
             f"({failing.results[0].seconds:.0f} s)")
-
-
-def _task(script: str, out: str) -> None:
-    """One task of the checker's job: run the learner's file as `__main__`; when it joins the
-    group, write down the task's SLURM variables and the PyTorch variables it joins with
-    (`out/slurm-<task>.json`)."""
-    import torch.distributed as dist
-
-    traced = dist.init_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
-        seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
-        Path(out, f"slurm-{os.environ.get('SLURM_PROCID')}.json").write_text(json.dumps(seen))
-        return traced(*args, **kwargs)
-
-    dist.init_process_group = init_process_group
-    sys.argv = [script]
-    sys.path.insert(0, str(Path(script).parent))
-    runpy.run_path(script, run_name="__main__")
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["task"] or len(sys.argv) != 5 or sys.argv[3] != "--out":
-        sys.exit("usage: python -m autograde.checks.launching_slurm task SCRIPT --out DIR (a task of the slurm_env check's job)")
-    _task(sys.argv[2], sys.argv[4])

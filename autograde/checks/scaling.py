@@ -21,15 +21,14 @@ import numpy as np
 
 from autograde import data
 from autograde.checker import speed
-from autograde.protocol import Call, CallsReport
-from autograde.checker.runs import Run, Workspace
-from autograde.learner_processes.tracer import STOP_AT_STEP, TRACE_STEPS
+from autograde.protocol import STOP_AT_STEP, TRACE_STEPS, Call, CallsReport, Task
+from autograde.checker.runs import Family, Run, Workspace
 from autograde.checker.verdicts import Failed, require, run_ok
 
 
-def _calls(ws: Workspace, key: str, label: str, calls: list[tuple[str, list[Any]]]) -> list[Call]:
+def _calls(ws: Workspace, family: Family, label: str, calls: list[tuple[str, list[Any]]]) -> list[Call]:
     """What each call of the learner's functions gave (in order), from one launched process."""
-    run = ws.called(key, label, "calls", ["--calls", json.dumps(calls)])
+    run = ws.called(family, "calls", label, Task.CALLS, ["--calls", json.dumps(calls)])
     ranks = (run.report or {}).get("ranks", [])
     problem = run.problem()
     require(ranks, problem or f"the {run.name} reported nothing", "the file must import without errors")
@@ -116,7 +115,7 @@ def check_scaling(ws: Workspace) -> str:
         as_json = {str(n): t for n, t in study.items()}
         calls += [("speedup", [as_json]), ("efficiency", [as_json]), ("fit_time_model", [as_json])]
     calls += [("predict_time", [list(time_model(s)), PREDICT_AT]) for s in STUDIES]
-    found = iter(_calls(ws, "scaling/calls", "calls of the scaling functions", calls))
+    found = iter(_calls(ws, Family.SCALING, "calls of the scaling functions", calls))
 
     def value(call: Call) -> Any:
         shown = json.dumps(call.args)[1:-1]
@@ -214,7 +213,7 @@ def check_warmup(ws: Workspace) -> str:
     from at most base_lr up to that rate (see schedule_problem for the ramps accepted)."""
     calls: list[tuple[str, list[Any]]] = [("warmup_lr", [s, base, n, w]) for base, n, w in WARMUP_CASES
                                           for s in range(w + AFTER)]
-    found = iter(_calls(ws, "warmup/calls", "calls of warmup_lr", calls))
+    found = iter(_calls(ws, Family.WARMUP, "calls of warmup_lr", calls))
     for base, n, w in WARMUP_CASES:
         rates = []
         for s in range(w + AFTER):
@@ -240,7 +239,7 @@ LR_ARGV = ["--widen-factor", "1", "--batch-size", "16", "--epochs", str(LR_EPOCH
 
 
 def _lr_run(ws: Workspace) -> Run:
-    return ws.torchrun("lr/2", "torchrun run with --scale-lr --warmup-epochs 1", [
+    return ws.torchrun(Family.LR, "2", "torchrun run with --scale-lr --warmup-epochs 1", [
         (["--standalone", "--nproc-per-node", "2"], [*LR_ARGV, "--data-dir", str(ws.root / "disk")])],
         env={TRACE_STEPS: "1"})
 
@@ -303,7 +302,7 @@ def timed_run(ws: Workspace, processes: int, index: int, batch: int, widen: int,
     """One run of `processes` processes under torchrun that stops after warmup + steps steps,
     every step traced, with data enough for them; its work verified (speed.verify)."""
     folder = _speed_data(ws, processes, batch, warmup + steps)
-    run = ws.torchrun(f"speed/{processes}-{index}", f"timed run of {processes} process(es), pair {index + 1}", [
+    run = ws.torchrun(Family.SPEED, f"{processes}-{index}", f"timed run of {processes} process(es), pair {index + 1}", [
         (["--standalone", "--nproc-per-node", str(processes)], [*speed_argv(batch, widen), "--data-dir", str(folder)])],
         env={TRACE_STEPS: "1", STOP_AT_STEP: str(warmup + steps)})
     run_ok(run, "the script must run under torchrun")
@@ -365,7 +364,7 @@ def _pipeline_run(ws: Workspace, slow: bool, index: int) -> PipelineRun:
     """One traced run, the handed-out pipeline (`--slow`) or the learner's, verified: 2 ranks,
     each PIPELINE_STEPS steps of a full batch, the same parameters at the end on both."""
     which = "the handed-out pipeline (--slow)" if slow else "your pipeline"
-    run = ws.launched(f"pipeline/{'slow' if slow else 'yours'}-{index}", f"run with {which}, pair {index + 1}",
+    run = ws.launched(Family.PIPELINE, f"{'slow' if slow else 'yours'}-{index}", f"run with {which}, pair {index + 1}",
                       [*PIPELINE_ARGV, *(["--slow"] if slow else [])], env={TRACE_STEPS: "1"})
     hint = ("keep --slow as handed out (slow_loader, SlowDisk and the training loop): it is what yours is timed "
             "against" if slow else "fast_loader must give the training loop the batches slow_loader gives")

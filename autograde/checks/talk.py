@@ -14,11 +14,10 @@ from collections import Counter
 from typing import Any, TypeVar
 
 from autograde.checker import output
-from autograde.protocol import (CollectivesReport, Event, ProcessTrace, RingReport, SamplerCase,
+from autograde.protocol import (COLLECTIVES, COLLECTIVES_WORLD_SIZE, COUNT_WORK, RING_SIZES, SCENARIOS, Task,
+                                CollectivesReport, Event, ProcessTrace, RingReport, SamplerCase,
                                        SamplerReport)
-from autograde.learner_processes.tasks import SCENARIOS
-from autograde.checker.runs import Run, Workspace
-from autograde.learner_processes.tracer import COLLECTIVES
+from autograde.checker.runs import Family, Run, Workspace
 from autograde.checker.verdicts import require, run_ok
 
 Report = TypeVar("Report", RingReport, SamplerReport, CollectivesReport)
@@ -33,12 +32,11 @@ def _reports(run: Run, kind: type[Report]) -> list[Report]:
 # predict_collectives ---------------------------------------------------------------------
 
 PREDICTED = ("broadcast", "all_reduce", "all_reduce_max", "all_gather", "scatter", "reduce_scatter")
-COLLECTIVES_WORLD_SIZE = 4
 
 
 def _collectives_run(ws: Workspace) -> Run:
-    return ws.called(f"collectives/{COLLECTIVES_WORLD_SIZE}", f"collectives on {COLLECTIVES_WORLD_SIZE} processes",
-                     "collectives", ["--world-sizes", str(COLLECTIVES_WORLD_SIZE)])
+    return ws.called(Family.COLLECTIVES, str(COLLECTIVES_WORLD_SIZE), f"collectives on {COLLECTIVES_WORLD_SIZE} processes",
+                     Task.COLLECTIVES, ["--world-sizes", str(COLLECTIVES_WORLD_SIZE)])
 
 
 def _numbers(value: object) -> list[float] | None:
@@ -101,9 +99,9 @@ WORK_SLACK = 1.5  # a rank may do this much more than its 1/N of one process's w
 
 
 def _pi_run(ws: Workspace, world_size: int) -> Run:
-    return ws.launched(f"pi/{world_size}", f"run with --world-size {world_size}",
+    return ws.launched(Family.PI, str(world_size), f"run with --world-size {world_size}",
                        ["--world-size", str(world_size), "--intervals", str(PI_INTERVALS)],
-                       env={"DDP_LAB_COUNT_WORK": "1"})
+                       env={COUNT_WORK: "1"})
 
 
 def _printed_pi(run: Run) -> output.Number | None:
@@ -159,13 +157,12 @@ def check_pi(ws: Workspace) -> str:
 # ring_allreduce -------------------------------------------------------------------------
 
 RING_WORLD_SIZES = (2, 3, 4)
-RING_SIZES = (12, 1001, 65537)  # 12 divides by 2, 3 and 4; 1001 and 65537 by none of them
 RING_TOLERANCE = 1e-5  # a sum in another order differs by rounding (about 1e-7 here); a max not at all
 
 
 def _ring_run(ws: Workspace) -> Run:
     sizes = [str(n) for n in RING_WORLD_SIZES]
-    return ws.called(f"ring/{'-'.join(sizes)}", f"ring with {', '.join(sizes)} processes", "ring",
+    return ws.called(Family.RING, "-".join(sizes), f"ring with {', '.join(sizes)} processes", Task.RING,
                      ["--world-sizes", *sizes, "--sizes", *map(str, RING_SIZES)])
 
 
@@ -276,7 +273,7 @@ SAMPLER_EPOCHS = 3
 
 def _sampler_run(ws: Workspace) -> Run:
     sizes = [str(n) for n in SAMPLER_WORLD_SIZES]
-    return ws.called(f"sampler/{'-'.join(sizes)}", f"sampler on {', '.join(sizes)} processes", "sampler",
+    return ws.called(Family.SAMPLER, "-".join(sizes), f"sampler on {', '.join(sizes)} processes", Task.SAMPLER,
                      ["--world-sizes", *sizes, "--sizes", *map(str, SAMPLER_SIZES),
                       "--seeds", *map(str, SAMPLER_SEEDS), "--epochs", str(SAMPLER_EPOCHS)])
 

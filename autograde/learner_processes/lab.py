@@ -43,21 +43,13 @@ import types
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
-from autograde.protocol import Child, Setup, Workers
+from autograde.learner_processes import tracer
+from autograde.learner_processes.tracer import short_error
+from autograde.protocol import SCRIPT, STAGING, Child, Setup, Workers
 
 
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
-
-
-def short_error(err: BaseException, script: str | None = None) -> str:
-    """`TypeError: ... (line 40)`: the error, at the last line of the learner's script (default:
-    $DDP_LAB_SCRIPT) that it passed through."""
-    script = script or os.environ.get("DDP_LAB_SCRIPT")
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if script and os.path.abspath(f.filename) == os.path.abspath(script)]
-    where = f" (line {frames[-1].lineno})" if frames else ""
-    return f"{type(err).__name__}: {err}{where}"[:400]
 
 
 Argv = list[list[Any]]
@@ -289,7 +281,6 @@ class _TooLong(BaseException):
 
 def _child(node: _Node, script: str, local_rank: int) -> int:
     """One simulated process of mp.spawn: a fresh import of the script, then its function."""
-    from autograde.learner_processes import tracer
     os.environ.clear()
     os.environ.update(node.environ)
     try:
@@ -382,6 +373,37 @@ def workers_run(script: str, node_argvs: list[Argv], procs_per_node: int,
     return report
 
 
+DOWNLOAD_SECONDS = 1.0  # how long the staged "download" takes: a reader that does not wait loses the race
+
+
+def install() -> None:
+    """With $DDP_LAB_STAGING set (the checker runs offline), a "download" of Fashion-MNIST copies the
+    stand-in's files from that folder after a short delay, each file appearing whole (Step 5)."""
+    if not os.environ.get(STAGING):
+        return
+    import shutil
+
+    from torchvision.datasets import FashionMNIST
+
+    original_download = FashionMNIST.download
+
+    def download(self: Any) -> None:
+        staging = os.environ[STAGING]
+        if self._check_exists():
+            return original_download(self)
+        tracer.emit("download_start")
+        time.sleep(DOWNLOAD_SECONDS)
+        os.makedirs(self.raw_folder, exist_ok=True)
+        raw = os.path.join(staging, "FashionMNIST", "raw")
+        for name in sorted(os.listdir(raw)):
+            partial = os.path.join(self.raw_folder, f"{name}.{os.getpid()}.part")
+            shutil.copyfile(os.path.join(raw, name), partial)
+            os.replace(partial, os.path.join(self.raw_folder, name))
+        tracer.emit("download_end")
+
+    FashionMNIST.download = download  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m autograde.learner_processes.lab")
     parser.add_argument("mode", choices=["setup", "workers"])
@@ -393,7 +415,7 @@ def main() -> None:
     parser.add_argument("--node-gpus", default="[]", help="workers: each node's CUDA_VISIBLE_DEVICES, as JSON")
     options = parser.parse_args()
     script = os.path.abspath(options.script)
-    os.environ["DDP_LAB_SCRIPT"] = script
+    os.environ[SCRIPT] = script
     sys.path.insert(0, os.path.dirname(script))
 
     def save(report: Setup | Workers) -> None:

@@ -1,56 +1,39 @@
-"""Instrumentation inside the processes the checker launches: a per-process trace of what
+"""The core of the tracing inside the processes the checker launches: a per-process trace of what
 the learner's script does.
 
-`install()` wraps, without changing what they do, the calls the lab's steps are about:
-torch.distributed's process group and collectives, torch.multiprocessing.spawn, the
+`install()` wraps, without changing what they do, the calls the course is about:
+torch.distributed's process group, collectives and messages, torch.multiprocessing.spawn, the
 Fashion-MNIST data set, DistributedSampler, DataLoader, DDP, optimizer steps and print.
 Each process appends JSON lines to `<trace dir>/trace-<pid>.jsonl`, one event per line,
 flushed at once, so a trace survives a process that is killed because it hung: a
 collective's "enter" with no "exit" is where that process was waiting.
 
-Two things are simulated rather than observed. With DDP_LAB_STAGING set, a "download"
-of Fashion-MNIST copies the files from that folder after a short delay (the checker runs
-offline, and a reader that does not wait for the download must lose the race). And
-while the model is in evaluation mode, the logits it produces for the validation set are
-turned into per-image losses, so that a check can compute the true global metrics.
+While the model is in evaluation mode, the logits it produces for the validation set are turned
+into per-image losses, so that a check can compute the true global metrics.
 
-The events and their fields are the ones autograde/protocol.py lists. Code loaded
+What one part needs beyond this (the lab's staged download, part talk's work counting, part
+launching's checkpoints and faults, part scaling's step tracing) lives in that part's module
+beside this one, and acts at the points this module offers (`hook`); _startup/sitecustomize.py
+installs them all. The events and their fields are the ones autograde/protocol.py lists. Code loaded
 beside the tracer can act at the points it traces (`on`, `model`): the tests' probe does.
-
-It is loaded through autograde/learner_processes/_startup/sitecustomize.py when DDP_LAB_TRACE_DIR is set.
 """
 from __future__ import annotations
 
 import builtins
 import functools
 import hashlib
+import importlib.util
 import json
 import os
-import shutil
-import signal
 import sys
 import time
+import traceback
 import weakref
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any, Callable
 
-TRACE_DIR = "DDP_LAB_TRACE_DIR"
-STAGING = "DDP_LAB_STAGING"
-SCRIPT = "DDP_LAB_SCRIPT"
-COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch operation computes
-# Faults the checker injects into the first life of a torchrun group (autograde/checks/launching.py):
-KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
-TEAR_SAVE = "DDP_LAB_TEAR_SAVE"  # "<rank>:<n>": that rank's n-th torch.save writes half the file, then SIGKILL
-SLOW_SAVE = "DDP_LAB_SLOW_SAVE"  # seconds every torch.save waits before writing: a window in which to be caught
-# Step by step (autograde/checks/scaling.py): a "step" event per optimizer step (its time, learning
-# rates and the images the model was given for it), and a run that ends itself after a number of steps.
-TRACE_STEPS = "DDP_LAB_TRACE_STEPS"  # set to 1
-STOP_AT_STEP = "DDP_LAB_STOP_AT_STEP"  # "<n>": after its n-th optimizer step, record the parameters and exit 0
-DOWNLOAD_SECONDS = 1.0
+from autograde.protocol import COLLECTIVES, SCRIPT
 
-COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "gather", "scatter", "all_gather_object", "broadcast_object_list",
-               "gather_object", "monitored_barrier")
 
 _trace_dir = ""
 _script = ""
@@ -62,6 +45,9 @@ _moved: list["weakref.ref[Any]"] = []  # the first module moved with .to(): the 
 _val_datasets: set[int] = set()  # ids of validation data sets
 # Code loaded beside the tracer (the tests' probe, tests/probe) may act where it traces: see on().
 _listeners: dict[str, list[Callable[[], None]]] = {"validation": [], "optimizer_step": []}
+# A part's module (lab.py, talk.py, ...) acts at these points, with what each is given: see hook().
+_hooks: dict[str, list[Callable[..., None]]] = {"optimizer_step": [], "ddp": [], "group_started": [],
+                                                "group_ending": []}
 _eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}
 
 
@@ -69,6 +55,14 @@ def on(point: str, listener: Callable[[], None]) -> None:
     """Call `listener` at `point`: "validation" (a validation loop starts: the epoch's training
     is done) or "optimizer_step" (after each optimizer step; optimizer_steps() counts them)."""
     _listeners[point].append(listener)
+
+
+def hook(point: str, action: Callable[..., None]) -> None:
+    """Call `action` at `point`, before the listeners of on(): "optimizer_step" (given the optimizer,
+    after optimizer_steps() counted the step), "ddp" (given a new DistributedDataParallel model),
+    "group_started" (given the frame that called init_process_group, once the group is up) and
+    "group_ending" (no argument: destroy_process_group was called, the rank is still known)."""
+    _hooks[point].append(action)
 
 
 def model() -> Any:
@@ -79,7 +73,8 @@ def model() -> Any:
     return _moved[0]() if _moved else None
 
 
-def _rank() -> int | None:
+def rank() -> int | None:
+    """This process's global rank, once it has joined a process group."""
     import torch.distributed as dist
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
@@ -98,7 +93,7 @@ def emit(event: str, **fields: Any) -> None:
     """Append one event to this process's trace (nothing when the process is not traced)."""
     if not _trace_dir:
         return
-    record = {"t": time.time(), "pid": os.getpid(), "rank": _rank(), "ev": event, "line": _line(), **fields}
+    record = {"t": time.time(), "pid": os.getpid(), "rank": rank(), "ev": event, "line": _line(), **fields}
     with open(os.path.join(_trace_dir, f"trace-{os.getpid()}.jsonl"), "a") as f:
         f.write(json.dumps(record, default=repr) + "\n")
 
@@ -135,9 +130,9 @@ def _patch_distributed() -> None:
              rank=kwargs.get("rank"), world_size=kwargs.get("world_size"))
         result = original_init(*args, **kwargs)
         emit("exit", call="init_process_group", rank_joined=dist.get_rank(), world_size=dist.get_world_size(),
-             backend=str(dist.get_backend()), env_rank=os.environ.get("RANK"), life=_life())
-        if _work:
-            _count_lines(sys._getframe(1))
+             backend=str(dist.get_backend()), env_rank=os.environ.get("RANK"), life=life())
+        for action in _hooks["group_started"]:
+            action(sys._getframe(1))
         return result
 
     dist.init_process_group = init_process_group
@@ -157,8 +152,8 @@ def _patch_distributed() -> None:
     @functools.wraps(original_destroy)
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
         record_parameters()
-        if _work:
-            emit("work", amount=_work[0])  # while the rank is still known
+        for action in _hooks["group_ending"]:
+            action()
         emit("enter", call="destroy_process_group")
         result = original_destroy(*args, **kwargs)
         emit("exit", call="destroy_process_group")
@@ -250,78 +245,9 @@ def record_parameters(when: str = "end") -> None:
     emit("parameters", sha1=digest.hexdigest(), when=when, norms=norms, steps=_steps[0])
 
 
-def _life() -> int:
+def life() -> int:
     """How many times torchrun has restarted this process's group (0: the first start, or no torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-
-
-def _target(f: Any) -> str | None:
-    """The file a torch.save/torch.load reads or writes, as an absolute path (None: in memory)."""
-    if isinstance(f, (str, os.PathLike)):
-        return os.path.abspath(os.fspath(f))
-    name = getattr(f, "name", None)
-    return os.path.abspath(name) if isinstance(name, str) else None
-
-
-def _patch_checkpoints() -> None:
-    """torch.save, torch.load, os.replace and os.rename, traced: who wrote and read which file,
-    when, and which temporary file became which checkpoint. Faults are injected here on request
-    (SLOW_SAVE, TEAR_SAVE): a save slowed down, and a process killed halfway through writing."""
-    import io
-
-    import torch
-
-    original_save, original_load = torch.save, torch.load
-    saves = [0]
-
-    @functools.wraps(original_save)
-    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        path = _target(f)
-        emit("save_enter", path=path)
-        saves[0] += 1
-        if os.environ.get(SLOW_SAVE):
-            time.sleep(float(os.environ[SLOW_SAVE]))
-        tear = os.environ.get(TEAR_SAVE, "")
-        if tear and _life() == 0 and [_rank(), saves[0]] == [int(x) for x in tear.split(":")]:
-            buffer = io.BytesIO()
-            original_save(obj, buffer, *args, **kwargs)
-            half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
-            if path is not None and not hasattr(f, "write"):
-                with open(path, "wb") as out:
-                    out.write(half)
-                    out.flush()
-                    os.fsync(out.fileno())
-            elif hasattr(f, "write"):
-                f.write(half)
-                f.flush()
-            emit("killed", path=path)
-            os.kill(os.getpid(), signal.SIGKILL)
-        result = original_save(obj, f, *args, **kwargs)
-        emit("save_exit", path=path)
-        return result
-
-    @functools.wraps(original_load)
-    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        path = _target(f)
-        emit("load_enter", path=path, map_location=repr(kwargs.get("map_location", args[0] if args else None)))
-        result = original_load(f, *args, **kwargs)
-        emit("load_exit", path=path)
-        return result
-
-    torch.save, torch.load = save, load
-    for name in ("replace", "rename"):
-        original = getattr(os, name)
-
-        def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
-            @functools.wraps(original)
-            def wrapper(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
-                result = original(src, dst, *args, **kwargs)
-                if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
-                    emit("moved", src=os.path.abspath(os.fspath(src)), dst=os.path.abspath(os.fspath(dst)))
-                return result
-            return wrapper
-
-        setattr(os, name, make(original, name))
 
 
 def _patch_spawn() -> None:
@@ -351,7 +277,6 @@ def _patch_dataset() -> None:
     from torchvision.datasets import FashionMNIST
 
     original_init = FashionMNIST.__init__
-    original_download = FashionMNIST.download
 
     def __init__(self: Any, root: Any, train: bool = True, *args: Any, **kwargs: Any) -> None:
         download = kwargs.get("download", args[2] if len(args) > 2 else False)
@@ -365,22 +290,7 @@ def _patch_dataset() -> None:
             _val_datasets.add(id(self))
         emit("dataset_exit", dataset=id(self), train=bool(train), size=len(self))
 
-    def download(self: Any) -> None:
-        staging = os.environ.get(STAGING)
-        if not staging or self._check_exists():
-            return original_download(self)
-        emit("download_start")
-        time.sleep(DOWNLOAD_SECONDS)
-        os.makedirs(self.raw_folder, exist_ok=True)
-        raw = os.path.join(staging, "FashionMNIST", "raw")
-        for name in sorted(os.listdir(raw)):
-            partial = os.path.join(self.raw_folder, f"{name}.{os.getpid()}.part")
-            shutil.copyfile(os.path.join(raw, name), partial)
-            os.replace(partial, os.path.join(self.raw_folder, name))
-        emit("download_end")
-
     FashionMNIST.__init__ = __init__  # type: ignore[method-assign]
-    FashionMNIST.download = download  # type: ignore[method-assign]
 
 
 def _patch_data_loading() -> None:
@@ -461,29 +371,14 @@ def _patch_data_loading() -> None:
 
 
 _steps = [0]
-_images = [0]  # images given to the DDP model in training mode since the last optimizer step
-
-
-def _count_images(module: Any, args: Any) -> None:
-    if module.training and args and hasattr(args[0], "shape") and len(args[0].shape) > 0:
-        _images[0] += int(args[0].shape[0])
 
 
 def _count_step(optimizer: Any) -> None:
     _steps[0] += 1
     if _steps[0] == 1:
         emit("first_optimizer_step")
-    if os.environ.get(TRACE_STEPS) == "1":
-        emit("step", n=_steps[0], lrs=[float(g["lr"]) for g in optimizer.param_groups], images=_images[0])
-        _images[0] = 0
-    if os.environ.get(STOP_AT_STEP) and _steps[0] == int(os.environ[STOP_AT_STEP]):
-        record_parameters("stopped")
-        sys.stdout.flush()
-        os._exit(0)  # every rank stops after the same step, with no collective left open
-    kill = os.environ.get(KILL_AT_STEP, "")  # "<rank>:<step>": that rank is killed after that step
-    if kill and _life() == 0 and [_rank(), _steps[0]] == [int(x) for x in kill.split(":")]:
-        emit("killed", steps=_steps[0])
-        os.kill(os.getpid(), signal.SIGKILL)
+    for action in _hooks["optimizer_step"]:
+        action(optimizer)
     for listener in _listeners["optimizer_step"]:
         listener()
 
@@ -518,8 +413,8 @@ def _patch_models() -> None:
              sync_batchnorms=sum(isinstance(m, nn.SyncBatchNorm) for m in module.modules()))
         original_init(self, module, *args, **kwargs)
         _ddp.append(weakref.ref(self))
-        if os.environ.get(TRACE_STEPS) == "1":
-            self.register_forward_pre_hook(_count_images)
+        for action in _hooks["ddp"]:
+            action(self)
         module.register_forward_hook(_capture_logits)
 
     DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
@@ -552,66 +447,58 @@ def _patch_print() -> None:
     builtins.print = traced_print
 
 
-_work: list[int] = []  # work done so far (elements and lines, see _count_work), when it is counted
-
-
-def _count_lines(caller: FrameType | None) -> None:
-    """From now on (the process group has started), also count each line of the learner's file
-    that runs: a share computed in a Python loop is work too. The frames of the file that are
-    running already (the function that started the group) are counted from here on as well."""
-    known: dict[str, bool] = {}
-
-    def local(frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "line":
-            _work[0] += 1
-        return local
-
-    def started(frame: FrameType, event: str, arg: Any) -> Any:
-        name = frame.f_code.co_filename
-        if name not in known:
-            known[name] = bool(_script) and os.path.abspath(name) == _script
-        return local if known[name] else None
-
-    frame = caller
-    while frame is not None:
-        if started(frame, "call", None):
-            frame.f_trace = local
-        frame = frame.f_back
-    sys.settrace(started)
-
-
-def _count_work() -> None:
-    """Count, from now on, the elements of every tensor that a PyTorch operation produces, and
-    (once the process group has started) every line of the learner's file that runs: how much
-    this process computed, whatever its code looks like, vectorised or a loop (a check can then
-    tell a process that computed its share from one that computed everything). Work done
-    elsewhere (numpy, say) is not seen."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    _work.append(0)
-
-    class Counter(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            result = func(*args, **(kwargs or {}))
-            _work[0] += sum(t.numel() for t in tree_leaves(result) if isinstance(t, torch.Tensor))
-            return result
-
-    Counter().__enter__()  # for the rest of the process
-
-
 def install(trace_dir: str) -> None:
     """Start tracing this process (and, through the environment, the processes it starts)."""
     global _trace_dir, _script
     _trace_dir = trace_dir
-    _script = os.path.abspath(os.environ.get(SCRIPT, "")) if os.environ.get(SCRIPT) else ""
+    _script = script_path()
     _patch_distributed()
     _patch_spawn()
     _patch_dataset()
     _patch_data_loading()
     _patch_models()
     _patch_print()
-    _patch_checkpoints()
-    if os.environ.get(COUNT_WORK) == "1":
-        _count_work()
+
+
+def script_path() -> str:
+    """The learner's file, as an absolute path ("" when the checker did not say)."""
+    return os.path.abspath(os.environ[SCRIPT]) if os.environ.get(SCRIPT) else ""
+
+
+def learner_frame(frame: FrameType) -> bool:
+    """Whether `frame` runs code of the learner's file."""
+    return bool(_script) and os.path.abspath(frame.f_code.co_filename) == _script
+
+
+# --- The learner's file, for the task runners: imported as a module, its errors said in one line ---
+
+def learner_module(script: str) -> ModuleType:
+    """The learner's file imported as a module (its `if __name__ == "__main__":` block does not run)."""
+    spec = importlib.util.spec_from_file_location("learner_exercise", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def short_error(err: BaseException, script: str | None = None) -> str:
+    """`TypeError: ... (line 40)`: the error, at the last line of the learner's script (default:
+    $DDP_LAB_SCRIPT) that it passed through."""
+    script = script or os.environ.get(SCRIPT)
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if script and os.path.abspath(f.filename) == os.path.abspath(script)]
+    where = f" (line {frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"[:400]
+
+
+def json_value(value: Any) -> Any:
+    """A learner's value (a prediction, what a function returned) as JSON: numbers (numpy and 0-d
+    tensors too), lists (tuples, arrays, tensors), dicts with string keys; anything else as its repr."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k.item() if hasattr(k, "item") else k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)

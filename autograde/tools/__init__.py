@@ -1,3 +1,4 @@
 """Commands for maintainers and instructors, each run as `python -m autograde.tools.<name>`
 (the Makefile's targets call them): `make run`, `make bench`, `make gpu-check`, the notebooks
-under nbval, and recording the runs the check tests replay."""
+under nbval, and the SLURM stand-in (`fake_slurm`). The recorder of the runs the check tests
+replay is the tests' own: tests/record_runs.py."""

@@ -29,8 +29,8 @@ from typing import Callable
 
 from autograde import data, processes, paths, registry
 from autograde.checker import speed
-from autograde.checker.runs import Workspace
-from autograde.learner_processes.tracer import STOP_AT_STEP, TRACE_STEPS
+from autograde.checker.runs import Family, Workspace
+from autograde.protocol import STOP_AT_STEP, TRACE_STEPS
 from autograde.checks import scaling
 from autograde.tools import nbval_runner
 
@@ -52,7 +52,7 @@ CORES = str(os.cpu_count() or 1)
 
 def _lab_rate(ws: Workspace, key: str, data_dir: Path, argv: list[str]) -> float:
     """Images per second of a lab script (steps x batch: no DDP needed), stopped after WARMUP + STEPS steps."""
-    run = ws.launched(key, key, ["--widen-factor", "1", "--batch-size", str(BATCH), "--epochs", "1",
+    run = ws.launched(Family.SPEED, key, key, ["--widen-factor", "1", "--batch-size", str(BATCH), "--epochs", "1",
                                  "--target-accuracy", "0", "--data-dir", str(data_dir), *argv],
                       # every core for both (the finished script gives its one process all of them itself;
                       # the starter takes what OMP_NUM_THREADS and MKL_NUM_THREADS allow, 1 by default here)

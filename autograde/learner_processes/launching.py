@@ -1,0 +1,164 @@
+"""Part launching (notebooks 14-16) inside the learner's processes: checkpoints traced, the faults
+the checker injects, and the SLURM jobs' tasks.
+
+- torch.save, torch.load, os.replace and os.rename are traced: who wrote and read which file, when,
+  and which temporary file became which checkpoint. On request, faults are injected in the first
+  life of a torchrun group: a save slowed down ($DDP_LAB_SLOW_SAVE), a process killed halfway
+  through writing ($DDP_LAB_TEAR_SAVE) or right after an optimizer step ($DDP_LAB_KILL_AT_STEP).
+- `python -m autograde.learner_processes.launching slurm-task SCRIPT --out DIR`: one task of the
+  slurm_env check's job runs the learner's file as `__main__` and writes down, when it joins its
+  group, the task's SLURM variables and the PyTorch variables it joins with (`DIR/slurm-<task>.json`).
+- `python -m autograde.learner_processes.launching slurm-probe`: the $TRAIN_SCRIPT of the slurm_job
+  check's jobs: each task writes down its variables in its trace folder (`slurm-<task>.json`),
+  then joins a gloo group with env:// and makes one all_reduce; with $DDP_LAB_SLURM_FAIL set, the
+  job's last task fails at its start instead.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from autograde.learner_processes import tracer
+from autograde.protocol import KILL_AT_STEP, SLOW_SAVE, SLURM_FAIL, TEAR_SAVE, TORCH_VARIABLES, TRACE_DIR
+
+
+def _target(f: Any) -> str | None:
+    """The file a torch.save/torch.load reads or writes, as an absolute path (None: in memory)."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) else None
+
+
+def _trace_checkpoints() -> None:
+    """torch.save, torch.load, os.replace and os.rename, traced: who wrote and read which file,
+    when, and which temporary file became which checkpoint. Faults are injected here on request
+    (SLOW_SAVE, TEAR_SAVE): a save slowed down, and a process killed halfway through writing."""
+    import io
+
+    import torch
+
+    original_save, original_load = torch.save, torch.load
+    saves = [0]
+
+    @functools.wraps(original_save)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _target(f)
+        tracer.emit("save_enter", path=path)
+        saves[0] += 1
+        if os.environ.get(SLOW_SAVE):
+            time.sleep(float(os.environ[SLOW_SAVE]))
+        tear = os.environ.get(TEAR_SAVE, "")
+        if tear and tracer.life() == 0 and [tracer.rank(), saves[0]] == [int(x) for x in tear.split(":")]:
+            buffer = io.BytesIO()
+            original_save(obj, buffer, *args, **kwargs)
+            half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+            if path is not None and not hasattr(f, "write"):
+                with open(path, "wb") as out:
+                    out.write(half)
+                    out.flush()
+                    os.fsync(out.fileno())
+            elif hasattr(f, "write"):
+                f.write(half)
+                f.flush()
+            tracer.emit("killed", path=path)
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = original_save(obj, f, *args, **kwargs)
+        tracer.emit("save_exit", path=path)
+        return result
+
+    @functools.wraps(original_load)
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _target(f)
+        tracer.emit("load_enter", path=path, map_location=repr(kwargs.get("map_location", args[0] if args else None)))
+        result = original_load(f, *args, **kwargs)
+        tracer.emit("load_exit", path=path)
+        return result
+
+    torch.save, torch.load = save, load
+    for name in ("replace", "rename"):
+        original = getattr(os, name)
+
+        def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(src, dst, *args, **kwargs)
+                if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
+                    tracer.emit("moved", src=os.path.abspath(os.fspath(src)), dst=os.path.abspath(os.fspath(dst)))
+                return result
+            return wrapper
+
+        setattr(os, name, make(original, name))
+
+
+def _kill_at_step(optimizer: Any) -> None:
+    kill = os.environ.get(KILL_AT_STEP, "")  # "<rank>:<step>": that rank is killed after that step
+    if kill and tracer.life() == 0 and [tracer.rank(), tracer.optimizer_steps()] == [int(x) for x in kill.split(":")]:
+        tracer.emit("killed", steps=tracer.optimizer_steps())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install() -> None:
+    """Trace checkpoints, and inject the faults the environment asks for."""
+    _trace_checkpoints()
+    if os.environ.get(KILL_AT_STEP):
+        tracer.hook("optimizer_step", _kill_at_step)
+
+
+def slurm_task(script: str, out: str) -> None:
+    """One task of the checker's job: run the learner's file as `__main__`; when it joins the
+    group, write down the task's SLURM variables and the PyTorch variables it joins with
+    (`out/slurm-<task>.json`)."""
+    import torch.distributed as dist
+
+    traced = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+        seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
+        Path(out, f"slurm-{os.environ.get('SLURM_PROCID')}.json").write_text(json.dumps(seen))
+        return traced(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    sys.argv = [script]
+    sys.path.insert(0, str(Path(script).parent))
+    runpy.run_path(script, run_name="__main__")
+
+
+PROBE_GROUP_TIMEOUT = 60.0  # seconds a probe task waits in init_process_group for the others
+
+
+def slurm_probe() -> None:
+    """The checker's $TRAIN_SCRIPT for the learner's batch script (stdlib and torch only)."""
+    seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+    seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
+    task = os.environ.get("SLURM_PROCID", "0")
+    with open(os.path.join(os.environ[TRACE_DIR], "slurm-" + task + ".json"), "w") as out:
+        json.dump(seen, out)
+    if os.environ.get(SLURM_FAIL) and int(task) == int(os.environ.get("SLURM_NTASKS", "1")) - 1:
+        sys.exit("the checker's probe: task " + task + " fails on purpose")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=PROBE_GROUP_TIMEOUT))
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["slurm-probe"] and len(sys.argv) == 2:
+        slurm_probe()
+    elif sys.argv[1:2] == ["slurm-task"] and len(sys.argv) == 5 and sys.argv[3] == "--out":
+        slurm_task(sys.argv[2], sys.argv[4])
+    else:
+        sys.exit("usage: python -m autograde.learner_processes.launching slurm-task SCRIPT --out DIR | slurm-probe")

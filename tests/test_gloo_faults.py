@@ -2,7 +2,7 @@
 process aborted as it leaves, and a connection found closed as the processes meet. Both are rare
 (once each in a CI run of the suite), so each is played by a script that fails with its sign on
 its first run and succeeds on the second; a script failing in any other way must still fail. They
-are tried in each place that forgives them: the tests' run_script, the notebooks' lab.run, and the
+are tried in each place that forgives them: the tests' run_script, the notebooks' runtime.run, and the
 checker's judgement of a learner's run (Run.outside_cause)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from autograde import processes
 from autograde.checker.runs import Run
-from autograde.notebook import lab
+from autograde.notebook import runtime
 from conftest import recorded_trace, run_script
 
 # What each fault printed in CI (the mesh line shortened to its parts that matter), and how it ended.
@@ -38,12 +38,14 @@ def _fails_first(tmp_path: Path, message: str, ending: str) -> Path:
     return script
 
 
+@pytest.mark.launch
 @FAULTS
 def test_the_tests_make_such_a_run_once_more(tmp_path: Path, fault: tuple[str, str]) -> None:
     result = run_script(_fails_first(tmp_path, *fault), timeout=30)
     assert result.returncode == 0 and result.stdout == "done\n", result.output
 
 
+@pytest.mark.launch
 def test_what_the_first_run_recorded_is_gone_when_it_is_made_again(tmp_path: Path) -> None:
     """A test that reads files the processes write (each rank's weights, who printed what) reads the second run's."""
     records = tmp_path / "records"
@@ -55,27 +57,30 @@ def test_what_the_first_run_recorded_is_gone_when_it_is_made_again(tmp_path: Pat
     assert result.returncode == 0 and len(list(records.iterdir())) == 1, result.output
 
 
+@pytest.mark.launch
 def test_any_other_failure_stands(tmp_path: Path) -> None:
     result = run_script(_fails_first(tmp_path, "Assertion failed: weights differ", "os.abort()"), timeout=30)
     assert result.returncode == -signal.SIGABRT and "weights differ" in result.stderr, result.output
 
 
+@pytest.mark.launch
 @FAULTS
 def test_a_notebook_cell_makes_it_once_more_and_says_why(tmp_path: Path, fault: tuple[str, str],
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    text = lab.run([processes.PYTHON, _fails_first(tmp_path, *fault)], timeout=30)
+    text = runtime.run([processes.PYTHON, _fails_first(tmp_path, *fault)], timeout=30)
     why = processes.gloo_fault(fault[0])
     assert why and text.endswith("done\n")
     assert f"({why}: a rare PyTorch fault, not this script's doing; running it once more)" in capsys.readouterr().out
 
 
+@pytest.mark.launch
 def test_a_notebook_cell_fails_on_any_other_failure_and_shows_its_hidden_output(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With echo=False a cell shows nothing while it runs: a failure shows what was hidden."""
     script = _fails_first(tmp_path, "RuntimeError: Gloo connectFullMesh failed with [pair.h:301] Connect timeout",
                           "sys.exit(1)")
-    with pytest.raises(lab.LaunchError, match="Connect timeout"):  # a peer that never came: the script's
-        lab.run([processes.PYTHON, script], timeout=30, echo=False)
+    with pytest.raises(runtime.LaunchError, match="Connect timeout"):  # a peer that never came: the script's
+        runtime.run([processes.PYTHON, script], timeout=30, echo=False)
     shown = capsys.readouterr().out
     assert "running it once more" not in shown and "Connect timeout" in shown
 

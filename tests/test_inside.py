@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde.notebook import inside, plots
+from autograde.notebook import inside
 from conftest import ROOT, run_script
 
 
@@ -23,6 +23,7 @@ def _launched(script: str, tmp_path: Path, *args: str) -> dict:
     return found
 
 
+@pytest.mark.launch
 def test_no_sync_sends_one_all_reduce_per_step_and_trains_the_big_batch(tmp_path: Path) -> None:
     found = _launched(inside.NO_SYNC, tmp_path, "--world-size", "2", "--accumulate", "3")
     assert found["no_sync"]["all_reduces_per_step"] == 1
@@ -31,6 +32,7 @@ def test_no_sync_sends_one_all_reduce_per_step_and_trains_the_big_batch(tmp_path
         assert found[way]["difference"] < 1e-6, found
 
 
+@pytest.mark.launch
 def test_fsdp_holds_half_of_everything_on_two_processes_and_trains_as_ddp(tmp_path: Path) -> None:
     found = _launched(inside.FSDP, tmp_path, "--world-size", "2")
     assert found["difference"] < 1e-6, found
@@ -40,6 +42,7 @@ def test_fsdp_holds_half_of_everything_on_two_processes_and_trains_as_ddp(tmp_pa
             assert whole > 0 and abs(shard - whole / 2) <= 0.01 * whole, (rank["rank"], kind, whole, shard)
 
 
+@pytest.mark.launch
 def test_the_sharded_optimizers_program_weighs_each_ranks_state(tmp_path: Path) -> None:
     """The solution's own program (notebook 21's measurement): 3 ranks share plain AdamW's state
     between them, each well under all of it, and train AdamW's weights."""
@@ -62,10 +65,10 @@ def test_zero_memory_divides_what_each_stage_shards() -> None:
 
 
 def test_the_sharding_pictures_draw_every_stage_and_rank() -> None:
-    fig = plots.zero_stages(inside.zero_memory(17_000_000, world_size=4), "a model")
+    fig = inside.zero_stages(inside.zero_memory(17_000_000, world_size=4), "a model")
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 (FSDP)"]
     assert len(ax.patches) == 12  # 4 stages x (parameters, gradients, optimizer state)
-    fig = plots.state_shares({1: [1.0], 2: [0.52, 0.48], 3: [0.46, 0.29, 0.25]})
+    fig = inside.state_shares({1: [1.0], 2: [0.52, 0.48], 3: [0.46, 0.29, 0.25]})
     (ax,) = fig.axes
     assert sum(len(c.get_offsets()) for c in ax.collections) == 6

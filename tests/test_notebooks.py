@@ -17,6 +17,8 @@ from autograde import processes, registry
 from autograde.tools.nbval_runner import learner_copy, nbval
 from conftest import ROOT
 
+pytestmark = pytest.mark.launch  # every test here starts processes
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 GRADED_ELSEWHERE = {nb for part in registry.PARTS if part.id != registry.LAB for nb in part.graded_notebooks}
 RUN_HERE = [nb for nb in NOTEBOOKS if nb.stem not in GRADED_ELSEWHERE]
@@ -38,10 +40,10 @@ def test_notebooks_are_stored_without_outputs() -> None:
 def test_a_failing_or_hanging_launch_fails_its_cell(tmp_path: Path) -> None:
     """What `!cmd` would not do: a launch that fails, or runs out of time, fails the notebook."""
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde.notebook import lab"),
-                      nbformat.v4.new_code_cell("lab.run([sys.executable, '-c', 'import sys; sys.exit(3)'])"),
-                      nbformat.v4.new_code_cell("lab.run(['sleep', '60'], timeout=2)"),
-                      nbformat.v4.new_code_cell("print(lab.run([sys.executable, '-c', 'print(6 * 7)']))")]
+    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde.notebook import runtime"),
+                      nbformat.v4.new_code_cell("runtime.run([sys.executable, '-c', 'import sys; sys.exit(3)'])"),
+                      nbformat.v4.new_code_cell("runtime.run(['sleep', '60'], timeout=2)"),
+                      nbformat.v4.new_code_cell("print(runtime.run([sys.executable, '-c', 'print(6 * 7)']))")]
     nbformat.write(notebook, tmp_path / "launches.ipynb")
     result = nbval(tmp_path, "launches.ipynb", timeout=300)
     assert "2 failed, 2 passed" in result.stdout, result.stdout[-3000:]
@@ -52,8 +54,8 @@ def test_a_failing_or_hanging_launch_fails_its_cell(tmp_path: Path) -> None:
 def test_a_quiet_launch_still_says_it_is_alive(capsys: pytest.CaptureFixture[str]) -> None:
     """A cell whose launch hides its output (echo=False) prints, every few seconds, how long it has
     run and its last line so far, rather than nothing until the end."""
-    from autograde.notebook import lab
-    code = "import time; print('epoch 1 of 3', flush=True); time.sleep(lab_beat)".replace("lab_beat", str(lab.HEARTBEAT + 1.5))
-    text = lab.run([processes.PYTHON, "-c", code], timeout=60, echo=False)
+    from autograde.notebook import runtime
+    code = "import time; print('epoch 1 of 3', flush=True); time.sleep(beat)".replace("beat", str(runtime.HEARTBEAT + 1.5))
+    text = runtime.run([processes.PYTHON, "-c", code], timeout=60, echo=False)
     shown = capsys.readouterr().out
-    assert text == "epoch 1 of 3\n" and f"  ... {lab.HEARTBEAT:.0f} s: epoch 1 of 3" in shown, shown
+    assert text == "epoch 1 of 3\n" and f"  ... {runtime.HEARTBEAT:.0f} s: epoch 1 of 3" in shown, shown

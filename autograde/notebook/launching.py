@@ -1,7 +1,8 @@
-"""What the notebooks of the part "launching for real" call: torchrun, a node that never comes,
-two jobs on one port, the debugging variables, a group killed and restarted, and SLURM faked on
-this machine. Every launch goes through lab.run or processes.run: a time limit, the output in the
-cell, and nothing left running afterwards."""
+"""What the notebooks of the part "launching for real" (launching, notebooks 14-16) call: torchrun,
+a node that never comes, two jobs on one port, the debugging variables, a group killed and
+restarted, and SLURM faked on this machine. Every launch goes through runtime.run or
+processes.run: a time limit, the output in the cell, and nothing left running afterwards. And the
+part's figure: a fault-tolerant run's restarts as a timeline (15)."""
 from __future__ import annotations
 
 import difflib
@@ -11,23 +12,29 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from autograde import processes
 from autograde.checker import api
 from autograde.checker.runs import Run, Workspace
 from autograde.checks import launching as checks
-from autograde.notebook import lab
+from autograde.notebook import runtime
+from autograde.notebook.figure_style import finish
 
 TORCHRUN: list[str | Path] = [processes.PYTHON, "-m", "torch.distributed.run"]  # `torchrun`, with this course's Python
 
 
 def course_file(path: str) -> Path:
-    return lab.course_file(path).resolve()
+    return runtime.course_file(path).resolve()
 
 
 def quick_args(epochs: int = 2) -> list[str]:
     """The lab script's options for a small run on this machine (the stand-in data in quick mode)."""
-    return lab.training_args(epochs=epochs, target_accuracy=0) if lab.QUICK else lab.training_args()
+    return runtime.training_args(epochs=epochs, target_accuracy=0) if runtime.QUICK else runtime.training_args()
 
 
 def torchrun(script: str, *args: str | int, nproc: int = 2, restarts: int = 0, env: dict[str, str] | None = None,
@@ -36,7 +43,7 @@ def torchrun(script: str, *args: str | int, nproc: int = 2, restarts: int = 0, e
     options = ["--standalone", "--nproc-per-node", str(nproc)] + (["--max-restarts", str(restarts)] if restarts else [])
     command = [*TORCHRUN, *options, course_file(script), *map(str, args)]
     print("$ torchrun " + " ".join(map(str, command[3:])))
-    return lab.run(command, timeout=timeout if timeout is not None else (300 if lab.QUICK else None), env=env)
+    return runtime.run(command, timeout=timeout if timeout is not None else (300 if runtime.QUICK else None), env=env)
 
 
 SHOW_ENV = ("import os; names = 'RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT "
@@ -46,8 +53,8 @@ SHOW_ENV = ("import os; names = 'RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GRO
 
 def environment(nproc: int = 2) -> list[dict[str, str]]:
     """What torchrun puts in each process's environment: runs a one-line program under it."""
-    text = lab.run([*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--no-python",
-                    processes.PYTHON, "-c", SHOW_ENV], timeout=120, echo=False)
+    text = runtime.run([*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--no-python",
+                        processes.PYTHON, "-c", SHOW_ENV], timeout=120, echo=False)
     rows = [dict(item.split("=", 1) for item in line.strip().split(" | "))
             for line in text.splitlines() if line.startswith("RANK=")]
     rows.sort(key=lambda r: int(r["RANK"]))
@@ -99,7 +106,7 @@ def two_nodes(script: str, *args: str | int, timeout: float = 180) -> list[str]:
         print(f"--- node {k}: exit status {result.returncode}, {result.seconds:.0f} s")
         print("\n".join(shown[-6:]))
         if result.returncode != 0 or result.timed_out:
-            raise lab.LaunchError(f"node {k} failed (exit status {result.returncode}): {launch_last_line(result)}")
+            raise runtime.LaunchError(f"node {k} failed (exit status {result.returncode}): {launch_last_line(result)}")
         texts.append(result.stdout)
     return texts
 
@@ -241,13 +248,13 @@ def fake_slurm(batch: str, *args: str | int, nodes: int = 2, ntasks_per_node: in
     # sbatch is called from the course folder, the one that holds `batch` (a learner's checkout, or an
     # nbgrader assignment, whose notebooks lie in the folder itself rather than in notebooks/)
     folder = script.parents[len(Path(batch).parts) - 1]
-    return lab.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script, *map(str, args)],
-                   timeout=timeout, env={"TRAIN_SCRIPT": str(course_file(train_script))}, cwd=folder)
+    return runtime.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script, *map(str, args)],
+                       timeout=timeout, env={"TRAIN_SCRIPT": str(course_file(train_script))}, cwd=folder)
 
 
 
 def timeline(run: Run) -> list[dict[str, object]]:
-    """A run's processes for plots.restart_timeline: each life's training, its checkpoints and loads."""
+    """A run's processes for restart_timeline: each life's training, its checkpoints and loads."""
     events = [e for t in run.traces.values() for e in t.events]
     if not events:
         return []
@@ -265,3 +272,39 @@ def timeline(run: Run) -> list[dict[str, object]]:
                           "loads": [e["t"] - zero for e in trace.named("load_exit") if e.get("path") == checkpoint],
                           "killed": killed[0] if killed else None})
     return processes
+
+
+# Figures -------------------------------------------------------------------------------------
+
+def restart_timeline(runs: dict[str, list[dict[str, Any]]]) -> Figure:
+    """Each run of a fault-tolerant script as a timeline, one row per process and life: when it
+    trained, when rank 0's checkpoints were complete, where a process was killed and where the
+    restarted processes loaded the checkpoint.
+
+    `runs`: title -> processes, each {"life", "rank", "start", "end", "saves", "loads", "killed"}
+    (seconds since the run began; "killed" is None or a time)."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 1.05 * sum(len(p) for p in runs.values()) / 2),
+                             squeeze=False, sharex=True)
+    colours = plt.get_cmap("tab10")
+    for ax, (title, processes) in zip(axes[:, 0], runs.items()):
+        rows = sorted(processes, key=lambda p: (p["life"], p["rank"]))
+        for y, p in enumerate(rows):
+            ax.barh(y, p["end"] - p["start"], left=p["start"], height=0.5, color=colours(p["life"]), alpha=0.6)
+            for t in p["saves"]:
+                ax.plot([t, t], [y - 0.35, y + 0.35], color="black", linewidth=2)
+            for t in p["loads"]:
+                ax.plot(t, y, marker="o", color="tab:blue", markersize=7)
+            if p["killed"] is not None:
+                ax.plot(p["killed"], y, marker="X", color="red", markersize=12)
+        ax.set_yticks(range(len(rows)), [f"life {p['life']}, rank {p['rank']}" for p in rows])
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("seconds since the start")
+    handles = [Patch(color=colours(0), alpha=0.6, label="training (first life)"),
+               Patch(color=colours(1), alpha=0.6, label="after a restart"),
+               plt.Line2D([], [], color="black", linewidth=2, label="checkpoint complete"),
+               plt.Line2D([], [], color="tab:blue", marker="o", linestyle="", label="checkpoint loaded"),
+               plt.Line2D([], [], color="red", marker="X", linestyle="", markersize=10, label="killed (SIGKILL)")]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return finish(fig)

@@ -1,7 +1,9 @@
-"""What the notebooks of the part "scaling" call: the scaling study (runs that write JSON-lines
-logs, read back, never parsed from printed lines), the profiler and the fixes of
-demos/speed_fixes.py side by side, and the large-batch runs. Every launch goes through
-lab.run (a time limit, nothing left running afterwards)."""
+"""What the notebooks of the part "scaling" (scaling, notebooks 17-19) call: the scaling study
+(runs that write JSON-lines logs, read back, never parsed from printed lines), the profiler and
+the fixes of demos/speed_fixes.py side by side, and the large-batch runs. Every launch goes
+through runtime.run (a time limit, nothing left running afterwards). And the part's figures: the
+fitted time model (17), a step's time split and the fixes' speedups (18), the large-batch runs
+and their learning-rate schedules (19)."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,13 +12,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from autograde import data
 from autograde.checker import api, speed
 from autograde.checker.runs import Workspace
 from autograde.checks import scaling as checks
-from autograde.notebook import lab, launching
+from autograde.notebook import launching, runtime
+from autograde.notebook.figure_style import RANK_COLOURS, finish, scaling_axes
 
 STUDY_SCRIPT = "exercises/large_batch_training.py"  # your copy: its TODOs only change --scale-lr
 FINISHED = "solutions/large_batch_training.py"
@@ -46,7 +52,7 @@ def run_options() -> tuple[dict[str, object], dict[str, str] | None]:
     CPU the narrow model on a small stand-in (60,000 images take minutes an epoch there), GPUs hidden."""
     if on_gpus():
         return {}, None
-    if lab.QUICK:
+    if runtime.QUICK:
         return {"widen_factor": 1}, {"CUDA_VISIBLE_DEVICES": ""}
     folder = Path(tempfile.gettempdir()) / "ddp-lab-scaling-data"
     return {"widen_factor": 1, "data_dir": data.choose(folder, folder, *CPU_DATA, seed=5)[0]}, {"CUDA_VISIBLE_DEVICES": ""}
@@ -56,7 +62,7 @@ def processes_to_try() -> list[int]:
     """1 .. N: one per GPU on a node with 3 or more; on a CPU 1 .. 4 (1 .. 3 in quick mode)."""
     if on_gpus():
         return list(range(1, api.gpu_count() + 1))
-    return list(range(1, (3 if lab.QUICK else 4) + 1))
+    return list(range(1, (3 if runtime.QUICK else 4) + 1))
 
 
 def strong_batch() -> int:
@@ -87,8 +93,8 @@ def study(kind: str, processes: list[int] | None = None, script: str = STUDY_SCR
         options, env = run_options()
         # quick mode: weak scaling's time per step from one epoch (strong scaling's fit leaves the first out)
         quick_epochs = 1 if kind == "weak" else 2
-        args = lab.training_args(epochs=epochs or (quick_epochs if lab.QUICK else 3), target_accuracy=0,
-                                 patience=NEVER, batch_size=batch, **options)
+        args = runtime.training_args(epochs=epochs or (quick_epochs if runtime.QUICK else 3), target_accuracy=0,
+                                     patience=NEVER, batch_size=batch, **options)
         print(f"--- {kind} scaling, {n} process(es), batch {batch} per process ---")
         launching.torchrun(script, *args, "--log-file", str(logs[n]), nproc=n, env=env)
     return logs
@@ -143,17 +149,17 @@ class Timing:
 def timed(*options: str, nproc: int = 2, steps: int | None = None) -> dict[str, Any]:
     """One run of demos/speed_fixes.py under torchrun; its JSON result. One GPU per process
     where there are GPUs enough (the full model), else CPU processes (the narrow one), GPUs hidden."""
-    steps = steps or (6 if lab.QUICK else 20)
+    steps = steps or (6 if runtime.QUICK else 20)
     on_gpu = api.gpu_count() >= nproc
-    args = ["--data-dir", str(lab.data_dir()[0]), "--widen-factor", "10" if on_gpu else "1",
-            "--steps", str(steps), "--warmup-steps", "2" if lab.QUICK else "5", *options]
+    args = ["--data-dir", str(runtime.data_dir()[0]), "--widen-factor", "10" if on_gpu else "1",
+            "--steps", str(steps), "--warmup-steps", "2" if runtime.QUICK else "5", *options]
     command = [*launching.TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
                launching.course_file(SPEED_SCRIPT), *args]
     env = {"KINETO_LOG_LEVEL": "5", **({} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""})}
-    text = lab.run(command, timeout=300, echo=False, env=env)
+    text = runtime.run(command, timeout=300, echo=False, env=env)
     lines = [line for line in text.splitlines() if line.startswith("{")]
     if not lines:
-        raise lab.LaunchError(f"speed_fixes.py printed no result:\n{text[-2000:]}")
+        raise runtime.LaunchError(f"speed_fixes.py printed no result:\n{text[-2000:]}")
     return json.loads(lines[-1])
 
 
@@ -216,8 +222,8 @@ def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> 
         log = folder / f"run-{i}.jsonl"
         print(f"--- {name} ---")
         cpu, env = run_options()
-        args = lab.training_args(epochs=epochs or (2 if lab.QUICK else 6), target_accuracy=0, patience=NEVER,
-                                 base_lr=BASE_LR, **cpu)
+        args = runtime.training_args(epochs=epochs or (2 if runtime.QUICK else 6), target_accuracy=0, patience=NEVER,
+                                     base_lr=BASE_LR, **cpu)
         launching.torchrun(script, *args, *options, "--log-file", str(log), nproc=n, env=env)
         logs[name] = read_log(log)
     return logs
@@ -226,7 +232,7 @@ def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> 
 def exercise(path: str) -> ModuleType:
     """Your exercise file as a module, read afresh (its `__main__` block does not run): for the
     notebook to use your functions. The checks never do this: they call them in processes of their own."""
-    spec = importlib.util.spec_from_file_location(Path(path).stem, lab.course_file(path))
+    spec = importlib.util.spec_from_file_location(Path(path).stem, runtime.course_file(path))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -236,10 +242,132 @@ def exercise(path: str) -> ModuleType:
 def measure_here(script: str = STUDY_SCRIPT, pairs: int = 1, steps: int = 8) -> list[speed.Pair]:
     """The speedup check's measurement, made here whatever the machine (on a CPU the ratio means
     little; the check itself needs 2 GPUs): pairs of timed runs of 1 and 2 processes."""
-    with Workspace(lab.course_file(script), say=print) as ws:
+    with Workspace(runtime.course_file(script), say=print) as ws:
         found = checks.measure_speedup(ws, 2, pairs, 16, 1, 2, steps)
     for k, pair in enumerate(found):
         print(f"pair {k + 1}: 1 process {pair.one.rate:7.1f} images/s over {pair.one.steps} steps; 2 processes "
               f"{pair.many.rate:7.1f} images/s (slowest rank {pair.many.seconds:.2f} s): ratio {pair.ratio:.2f}")
     print(f"median ratio: {speed.median_ratio(found):.2f}")
     return found
+
+
+# Figures -------------------------------------------------------------------------------------
+
+def time_model(seconds: dict[int, float], params: Sequence[float], predict_at: int = 16,
+               what: str = "epoch time") -> Figure:
+    """Left: measured times against N with the fitted T(N) = t_par/N + t_seq + t_comm (N - 1),
+    drawn on to N = predict_at, and the ideal T(1)/N. Right: speedup and efficiency, measured
+    and as the model predicts them, against the ideal."""
+    processes = sorted(seconds)
+    t_par, t_seq, t_comm = params
+    model = lambda n: t_par / n + t_seq + t_comm * (n - 1)  # noqa: E731
+    ns = list(range(1, predict_at + 1))
+    fig, (ax_time, ax_speedup) = plt.subplots(1, 2, figsize=(12, 3.8))
+    ax_time.plot(processes, [seconds[n] for n in processes], "o", label=f"measured {what}")
+    ax_time.plot(ns, [model(n) for n in ns], "-",
+                 label=f"fit: {t_par:.2f}/N + {t_seq:.2f} + {t_comm:.3f}(N-1)")
+    ax_time.plot(ns, [seconds[1] / n for n in ns], "--", color="grey", label="ideal: T(1) / N")
+    ax_time.plot([predict_at], [model(predict_at)], "s", color="C3", label=f"predicted T({predict_at}) = "
+                 f"{model(predict_at):.2f} s")
+    scaling_axes(ax_time, ns[:: max(1, predict_at // 8)], "seconds")
+    ax_time.set_ylim(bottom=0)
+    ax_time.set_title(f"{what} against the number of processes")
+    ax_time.legend(loc="best", fontsize=8)
+    ax_speedup.plot(ns, ns, "--", color="grey", label="ideal speedup: N")
+    ax_speedup.plot(processes, [seconds[1] / seconds[n] for n in processes], "o", color="C0",
+                    label="measured speedup")
+    ax_speedup.plot(ns, [model(1) / model(n) for n in ns], "-", color="C0", alpha=0.6, label="model's speedup")
+    ax_efficiency = ax_speedup.twinx()
+    ax_efficiency.plot(processes, [seconds[1] / seconds[n] / n for n in processes], "o", color="C1",
+                       label="measured efficiency")
+    ax_efficiency.plot(ns, [model(1) / model(n) / n for n in ns], "-", color="C1", alpha=0.6,
+                       label="model's efficiency")
+    ax_efficiency.set_ylim(0, 1.1)
+    ax_efficiency.set_ylabel("efficiency S(N) / N", color="C1")
+    scaling_axes(ax_speedup, ns[:: max(1, predict_at // 8)], "speedup S(N)")
+    ax_speedup.set_ylim(bottom=0)
+    ax_speedup.set_title("speedup and efficiency")
+    lines = ax_speedup.get_legend_handles_labels()
+    more = ax_efficiency.get_legend_handles_labels()
+    ax_speedup.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return finish(fig)
+
+
+def time_split(phases: dict[str, float], title: str = "one training step") -> Figure:
+    """Where a step's time goes: one bar cut into the phases (seconds per step), and below it the
+    all-reduce's own time, which runs inside (and, with DDP's buckets, under) the backward pass."""
+    order = [p for p in phases if p != "all-reduce"]
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    left = 0.0
+    for k, name in enumerate(order):
+        width = phases[name] * 1000
+        ax.barh(1, width, left=left, color=RANK_COLOURS[k], edgecolor="black", label=name)
+        if width > 0.06 * sum(phases[p] * 1000 for p in order):
+            ax.text(left + width / 2, 1, f"{width:.0f} ms", ha="center", va="center", fontsize=8)
+        left += width
+    if "all-reduce" in phases:
+        backward = [k for k, p in enumerate(order) if p.startswith("backward")]
+        end = sum(phases[p] for p in order[:backward[0] + 1]) * 1000 if backward else left
+        ax.barh(0, phases["all-reduce"] * 1000, left=end - phases["all-reduce"] * 1000, color="white",
+                edgecolor="black", hatch="///", label=f"all-reduce ({phases['all-reduce'] * 1000:.0f} ms, inside backward)")
+    ax.set_yticks([0, 1], ["communication", "step"])
+    ax.set_xlabel("milliseconds per step")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, fontsize=8)
+    fig.tight_layout()
+    return finish(fig)
+
+
+def fix_speedups(names: list[str], rates: list[float | None], notes: list[str] | None = None) -> Figure:
+    """Images per second of each setting against the first (the baseline); a setting not run
+    (rate None) shows its note instead of a bar."""
+    base = rates[0] or 1.0
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1))
+    for k, (name, rate) in enumerate(zip(names, rates)):
+        if rate is None:
+            ax.text(0.02, k, notes[k] if notes else "not run", va="center", fontsize=8, color="grey")
+            continue
+        ax.barh(k, rate / base, color="C2" if rate >= base else "C3")
+        ax.text(rate / base, k, f" {rate / base:.2f}x", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("images / second, relative to the baseline")
+    fig.tight_layout()
+    return finish(fig)
+
+
+def large_batch(logs: dict[str, list[dict[str, Any]]]) -> Figure:
+    """Validation accuracy of each run by epoch (left) and by optimizer step (right): a larger
+    global batch takes fewer steps per epoch, so at the same epoch it has taken fewer steps."""
+    fig, (ax_epoch, ax_step) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for name, records in logs.items():
+        epochs = [r["epoch"] for r in records]
+        ax_epoch.plot(epochs, [r["val_accuracy"] for r in records], "o-", label=name)
+        ax_step.plot([r["steps"] for r in records], [r["val_accuracy"] for r in records], "o-", label=name)
+    ax_epoch.set_xlabel("epoch")
+    ax_step.set_xlabel("optimizer steps")
+    for ax in (ax_epoch, ax_step):
+        ax.set_ylabel("validation accuracy")
+        ax.grid(alpha=0.3)
+    ax_epoch.set_title("by epoch")
+    ax_step.set_title("by step")
+    ax_epoch.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    return finish(fig)
+
+
+def lr_schedules(rates: dict[str, list[float]], warmup_steps: int) -> Figure:
+    """Learning rate against optimizer step, one line per setting; the warm-up's end dotted."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for name, values in rates.items():
+        ax.plot(range(len(values)), values, ".-", label=name)
+    ax.axvline(warmup_steps, linestyle=":", color="black", label=f"end of the warm-up (step {warmup_steps})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return finish(fig)

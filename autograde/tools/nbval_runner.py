@@ -15,7 +15,7 @@ REPO, NOTEBOOKS = paths.REPO, paths.NOTEBOOKS
 def learner_copy(folder: Path, script: Path = paths.SOLUTION) -> Path:
     """The course in `folder` as a learner has it, with `script` as their fashion_mnist.py and
     each exercise done (its solution in place of the TODO file)."""
-    for name in ("notebooks", "exercises", "solutions"):
+    for name in ("notebooks", "exercises", "solutions", "demos"):
         shutil.copytree(REPO / name, folder / name)
     shutil.copy(script, folder / "fashion_mnist.py")
     for item in registry.ITEMS:

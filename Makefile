@@ -18,11 +18,13 @@ EXT_LEVEL ?= sys_prefix
 # JupyterLab settings that live in the environment, never in your home folder
 JUPYTER_CONFIG := $(wildcard jupyter-config/*)
 
-.PHONY: help setup lab test test-notebooks run check bench data synthetic-data release grade learner-mode instructor-mode clean
+.PHONY: help setup lab lint test test-fast test-notebooks run check bench data synthetic-data release grade learner-mode instructor-mode clean
 
 help:
 	@echo "make lab             JupyterLab on the course (LAB_ARGS='--ip 0.0.0.0 --no-browser' on a remote node)"
-	@echo "make test            the whole test suite, notebooks included (CPU only)"
+	@echo "make test            make lint, then the whole test suite, notebooks included (CPU only)"
+	@echo "make test-fast       the tests that start no process (pytest -m 'not launch'): under a minute"
+	@echo "make lint            mypy on autograde/ and on the tests' own modules"
 	@echo "make test-notebooks  only the notebooks, top to bottom with nbval (quick mode)"
 	@echo "make run             the finished solution on every GPU, or 2 CPU processes (ARGS='--epochs 3')"
 	@echo "make check STEP=4    check a step of fashion_mnist.py (STEP=all: every step; SCRIPT=path for another file)"
@@ -61,8 +63,19 @@ lab: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)" \
 		$(LAB_ARGS) notebooks/00_welcome.ipynb
 
-test: setup
+# mypy, on the package and on the tests' own modules (the test files themselves are not typed
+# throughout yet).
+TYPED_TESTS := tests/conftest.py tests/record_runs.py tests/mistakes.py tests/exercise_styles.py
+lint: setup
+	$(PY) -m mypy --ignore-missing-imports autograde $(TYPED_TESTS)
+
+test: lint
 	$(PY) -m pytest
+
+# The tests that start no process: a test that starts one is marked `launch`, and tests/conftest.py
+# fails any test that starts one without the mark.
+test-fast: setup
+	$(PY) -m pytest -m "not launch"
 
 test-notebooks: setup
 	$(PY) -m pytest tests/test_notebooks.py
@@ -93,7 +106,7 @@ data: setup
 synthetic-data: setup
 	$(PY) -m autograde.data synthetic --root $(SYNTHETIC_DIR)
 
-# The nbgrader course (README, Instructors). FROM: the commit to release (default HEAD; FROM=files: the
+# The nbgrader course (docs/instructors.md). FROM: the commit to release (default HEAD; FROM=files: the
 # files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course/__init__.py:
 # /usr/local/share/nbgrader/exchange). NBGRADER_ARGS: more options for nbgrader's exchange commands.
 # PART: the part of the course, an assignment of its own (default ddp_lab; processes_talk, launching).

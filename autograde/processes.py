@@ -212,9 +212,3 @@ def run_in_terminal(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
         return 130
     finally:
         kill_group(proc.pid)
-
-
-def run_python(script: str | Path, *args: str | Path, timeout: float, cwd: str | Path | None = None,
-               env: Mapping[str, str] | None = None) -> Result:
-    """Run a Python script with this interpreter; see `run`."""
-    return run([PYTHON, script, *args], timeout=timeout, cwd=cwd, env=env)

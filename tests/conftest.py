@@ -1,12 +1,18 @@
-"""Shared set-up: small stand-in data, and launching the lab's scripts the way a learner does."""
+"""Shared set-up: small stand-in data, launching the lab's scripts the way a learner does, and the
+`launch` mark's guard: a test that starts a process must say so (`@pytest.mark.launch`), so that
+`make test-fast` (pytest -m "not launch") holds only tests that start none."""
 from __future__ import annotations
 
+import _posixsubprocess
+import contextlib
 import importlib.util
+import multiprocessing.process
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, NoReturn, Sequence
 
 import pytest
 import torch
@@ -27,6 +33,73 @@ PROBE = Path(__file__).resolve().parent / "probe"
 TRAIN_SIZE, VAL_SIZE = 640, 301  # 301: two processes' validation shards need the sampler's padding
 # Small and quick: the narrow model, one thread per process, big enough batches.
 QUICK = ["--widen-factor", "1", "--batch-size", "64", "--epochs", "1"]
+
+
+# --- The launch mark, enforced ---------------------------------------------------------------------
+# Every way a test could start a process, each replaced, in a test not marked `launch`, by a refusal:
+# subprocess (and os.popen, asyncio's subprocesses) through Popen; multiprocessing's processes, whatever
+# their start method; fork and its relatives (os.spawn*, pty.fork); posix_spawn; os.system; and the
+# fork-exec that subprocess and multiprocessing's spawn share underneath.
+LAUNCHERS: tuple[tuple[Any, str, str], ...] = (
+    (subprocess.Popen, "__init__", "subprocess.Popen"),
+    (multiprocessing.process.BaseProcess, "start", "multiprocessing's Process.start"),
+    (_posixsubprocess, "fork_exec", "_posixsubprocess.fork_exec"),
+    *((os, name, f"os.{name}") for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")
+      if hasattr(os, name)),
+)
+
+
+class LaunchInUnmarkedTest(RuntimeError):
+    """A test not marked `launch` tried to start a process."""
+
+
+@contextlib.contextmanager
+def launches_refused(item: pytest.Item) -> Iterator[list[str]]:
+    """While a phase of `item` runs: if it is not marked `launch`, every launcher refuses, and what
+    was tried is listed (the test may catch the refusal; the list still tells)."""
+    tried: list[str] = []
+    if item.get_closest_marker("launch") is not None:
+        yield tried
+        return
+
+    def refusal(what: str) -> Callable[..., NoReturn]:
+        def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+            tried.append(what)
+            raise LaunchInUnmarkedTest(f"{item.nodeid} started a process ({what}) but is not marked "
+                                       "@pytest.mark.launch: mark it, so that `make test-fast` leaves it out")
+        return refuse
+
+    with pytest.MonkeyPatch.context() as patch:
+        for owner, name, what in LAUNCHERS:
+            patch.setattr(owner, name, refusal(what))
+        yield tried
+
+
+def _guarded_phase(item: pytest.Item) -> Generator[None, None, None]:
+    """One phase of a test (its fixtures' set-up, the test, their tear-down, wider-scoped fixtures'
+    included), under the guard; a launch it tried fails that phase even if the test caught the refusal."""
+    with launches_refused(item) as tried:
+        yield
+    if tried:
+        pytest.fail(f"{item.nodeid} tried to start processes ({', '.join(sorted(set(tried)))}) but is not marked "
+                    "@pytest.mark.launch", pytrace=False)
+
+
+# The guard wraps each phase's hook rather than living in an autouse fixture: a module- or session-scoped
+# fixture is set up before any function-scoped one, and a launch of its counts too.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded_phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded_phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded_phase(item))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -83,18 +156,24 @@ def reference_metrics(script: Path, weights: dict[str, torch.Tensor], root: Path
     return loss_sum / len(val_set), correct / len(val_set)
 
 
+def run_python(script: str | Path, *args: str | Path, timeout: float, cwd: str | Path | None = None,
+               env: Mapping[str, str] | None = None) -> processes.Result:
+    """Run a Python script with this interpreter, as `processes.run` runs any command."""
+    return processes.run([processes.PYTHON, script, *args], timeout=timeout, cwd=cwd, env=env)
+
+
 def run_script(script: str | Path, *args: str | Path, timeout: float, env: dict[str, str] | None = None,
                records: Sequence[Path] = ()) -> processes.Result:
-    """Launch one of the course's multi-process scripts, as `processes.run_python` does, made once
-    more on a fault of gloo's (`again_on_gloo_fault`)."""
-    return again_on_gloo_fault(lambda: processes.run_python(script, *args, timeout=timeout, env=env), records)
+    """Launch one of the course's multi-process scripts, as `run_python` does, made once more on a
+    fault of gloo's (`again_on_gloo_fault`)."""
+    return again_on_gloo_fault(lambda: run_python(script, *args, timeout=timeout, env=env), records)
 
 
 def again_on_gloo_fault(run: Callable[[], processes.Result], records: Sequence[Path] = ()) -> processes.Result:
     """`run()`, and once more if, and only if, gloo itself made it fail (`processes.gloo_fault`: a
     process aborted as it left, a connection lost as the processes met): the script's doing is
     judged by what its run printed, which such a failure takes away. Any other failure stands.
-    (The notebooks' `lab.run` does the same, and the checker for learners' runs.) `records`:
+    (The notebooks' `runtime.run` does the same, and the checker for learners' runs.) `records`:
     folders the run's processes write into, emptied before it is made again."""
     result = run()
     if result.returncode != 0 and processes.gloo_fault(result.output):

@@ -1,6 +1,6 @@
 """Correct exercise files written the ways learners write them (tests/styles/exercises/): each
 must pass its exercise's check (tests/test_checks_recorded.py replays their recorded runs;
-python -m autograde.tools.record_runs records them).
+.venv/bin/python tests/record_runs.py records them).
 
 A style file either is a whole program (it has its own `__main__` block), or holds the
 definitions that replace one function, class or assignment of the exercise's solution (its first line says which:

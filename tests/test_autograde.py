@@ -23,6 +23,7 @@ def test_the_launched_mistakes_are_catalogued() -> None:
     assert set(LAUNCHED) <= {m.name for m in MISTAKES}
 
 
+@pytest.mark.launch
 def test_finished_solution_passes_everything_from_the_command_line() -> None:
     result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--all", "--json", "--script", SOLUTION],
                         timeout=300, cwd=ROOT)
@@ -39,6 +40,7 @@ LAUNCHED = ("no_master_port", "download_on_every_rank", "no_set_epoch", "early_s
             "spawn_wrong_nprocs", "spawn_without_main_guard")
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("mistake", [m for m in MISTAKES if m.name in LAUNCHED], ids=list(LAUNCHED))
 def test_a_typical_mistake_fails_its_step_with_the_right_message(mistake: Mistake, tmp_path: Path) -> None:
     """The mistake, made in the lab's solution, fails its own step with the right words, and not
@@ -67,6 +69,7 @@ def test_assert_step_raises_with_the_failure_message(capsys: pytest.CaptureFixtu
         api.assert_step("0", STARTER)
 
 
+@pytest.mark.launch
 def test_several_steps_at_once_from_the_command_line() -> None:
     result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--step", "0", "1", "--json", "--script", SOLUTION],
                         timeout=120, cwd=ROOT)
@@ -74,12 +77,14 @@ def test_several_steps_at_once_from_the_command_line() -> None:
     assert [(r["step"], r["status"]) for r in json.loads(result.stdout)] == [("0", "pass"), ("1", "pass")]
 
 
+@pytest.mark.launch
 def test_three_processes_on_one_node_as_a_grader_may_ask() -> None:
     results = api.check_steps(["4", "6", "9"], SOLUTION, procs_per_node=3, nodes=1)
     assert all(r.passed for r in results), [r.observed for r in results]
     assert "3 processes joined as ranks 0-2 of 3" in results[0].observed
 
 
+@pytest.mark.launch
 def test_bad_arguments_get_one_line(tmp_path: Path) -> None:
     unknown = processes.run([processes.PYTHON, "-m", "autograde", "check", "--step", "11"], timeout=60, cwd=ROOT)
     assert unknown.returncode == 2 and "unknown step '11'" in unknown.stderr and "Traceback" not in unknown.output
@@ -90,6 +95,7 @@ def test_bad_arguments_get_one_line(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no script at" in missing.stderr and "Traceback" not in missing.output
 
 
+@pytest.mark.launch
 def test_the_learners_folder_is_left_alone(tmp_path: Path) -> None:
     script = tmp_path / "fashion_mnist.py"
     script.write_text(SOLUTION.read_text())
@@ -98,6 +104,7 @@ def test_the_learners_folder_is_left_alone(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
 
 
+@pytest.mark.launch
 def test_a_deadlock_names_each_rank_and_the_call_it_waits_in(tmp_path: Path) -> None:
     (mistake,) = [m for m in MISTAKES if m.name == "epoch_barrier_on_rank_0_only"]
     script = tmp_path / "fashion_mnist.py"
@@ -106,6 +113,7 @@ def test_a_deadlock_names_each_rank_and_the_call_it_waits_in(tmp_path: Path) -> 
     assert "deadlocked" in verdict.observed and "rank 0 in dist.barrier() (line" in verdict.observed, verdict.observed
 
 
+@pytest.mark.launch
 def test_a_script_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
     script = tmp_path / "fashion_mnist.py"
     text = SOLUTION.read_text().replace("def worker(local_rank, args):\n",
@@ -117,6 +125,7 @@ def test_a_script_that_hangs_is_stopped_and_reported(tmp_path: Path) -> None:
     assert verdict.passed is False and "deadlocked" in verdict.observed, verdict.observed
 
 
+@pytest.mark.launch
 def test_verdicts_are_reused_for_the_same_file_and_redone_after_an_edit(tmp_path: Path) -> None:
     script = tmp_path / "fashion_mnist.py"
     script.write_text(SOLUTION.read_text() + "# bytes of its own: the solution's verdicts are kept by other tests\n")
@@ -160,6 +169,7 @@ if os.environ.get("KILL_COUNTER"):  # stands in for a process killed from outsid
 '''
 
 
+@pytest.mark.launch
 def test_a_run_killed_from_outside_is_made_again_then_blamed_on_the_checker(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     script = tmp_path / "fashion_mnist.py"
@@ -176,6 +186,7 @@ def test_a_run_killed_from_outside_is_made_again_then_blamed_on_the_checker(tmp_
     assert "10" not in cache.load(script, 2, 2, devices.signature(devices.plan(api.gpu_count(), 2, 2)))
 
 
+@pytest.mark.launch
 def test_state_made_under_main_is_missing_in_the_workers_as_under_mp_spawn(tmp_path: Path) -> None:
     """Each simulated process imports the script afresh as __mp_main__: a global that only the
     `if __name__ == "__main__":` block sets is not there, and the run fails with the real error."""
@@ -187,6 +198,7 @@ def test_state_made_under_main_is_missing_in_the_workers_as_under_mp_spawn(tmp_p
     assert verdict.passed is False and "NameError: name 'OFFSET' is not defined" in verdict.observed, verdict.observed
 
 
+@pytest.mark.launch
 def test_module_level_arguments_are_each_nodes_own(tmp_path: Path) -> None:
     """The vendor lab's shape: the command line parsed at module level, the world size in a
     module-level variable. Each simulated process sees its own node's arguments."""
@@ -205,8 +217,9 @@ def test_module_level_arguments_are_each_nodes_own(tmp_path: Path) -> None:
     assert all(r.passed for r in results), [r.observed for r in results]
 
 
+@pytest.mark.launch
 def test_the_options_a_script_accepts_come_from_its_own_parser(tmp_path: Path) -> None:
-    """What lab.train passes (--master-port from Step 2 on) is decided by the script's parser,
+    """What runtime.train passes (--master-port from Step 2 on) is decided by the script's parser,
     not its text: single quotes, or an option the starter lacks, are told apart."""
     script = tmp_path / "fashion_mnist.py"
     script.write_text(SOLUTION.read_text().replace('"--master-port"', "'--master-port'"))
@@ -215,6 +228,7 @@ def test_the_options_a_script_accepts_come_from_its_own_parser(tmp_path: Path) -
     assert "--master-port" not in api.options(STARTER)
 
 
+@pytest.mark.launch
 def test_an_exercise_is_checked_by_launching_its_file_as_a_learner_would() -> None:
     """`make check STEP=pi` finds exercises/compute_pi.py by itself, launches it (the launched kind
     of run; every other verdict on it is replayed in tests/test_checks_recorded.py), and points
@@ -225,6 +239,7 @@ def test_an_exercise_is_checked_by_launching_its_file_as_a_learner_would() -> No
     assert "# TODO pi" in result.output and "Step pi" not in result.output and "of the work" in result.output, result.output
 
 
+@pytest.mark.launch
 def test_a_ring_that_deadlocks_is_stopped_with_each_ranks_call_named(tmp_path: Path) -> None:
     """Every rank sending first with a blocking dist.send waits forever for its neighbour: the
     check stops the processes after its stall time (not the group's 60 s timeout), names the call

@@ -7,14 +7,16 @@ from pathlib import Path
 import pytest
 
 from autograde import processes, registry
-from conftest import QUICK, ROOT, SOLUTION, STARTER, assert_clean_error, probe_env
+from conftest import QUICK, ROOT, SOLUTION, STARTER, assert_clean_error, probe_env, run_python
+
+pytestmark = pytest.mark.launch  # every test here starts processes
 
 # Stands in for "no network": urllib sends every download to a port where nothing listens.
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
 
 
 def solution(*args: str | Path, timeout: float = 60, env: dict[str, str] | None = None) -> processes.Result:
-    return processes.run_python(SOLUTION, *args, timeout=timeout, env=env)
+    return run_python(SOLUTION, *args, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -48,7 +50,7 @@ def test_offline_without_data_says_where_to_put_it(script: Path, tmp_path: Path)
     args = ["--data-dir", tmp_path / "data", *QUICK]
     if script == SOLUTION:
         args += ["--num-gpus", "2", "--master-port", str(processes.free_port())]
-    result = processes.run_python(script, *args, timeout=90, env=OFFLINE)
+    result = run_python(script, *args, timeout=90, env=OFFLINE)
     assert_clean_error(result, "no Fashion-MNIST", str(tmp_path / "data"), "make synthetic-data")
 
 
@@ -76,5 +78,5 @@ EXERCISES = sorted({file for part in registry.PARTS if part.id != registry.LAB f
 @pytest.mark.parametrize("exercise", EXERCISES)
 @pytest.mark.parametrize("value,words", [("0", "below 1"), ("two", "not a whole number")])
 def test_an_exercise_refuses_a_bad_world_size_in_one_line(exercise: str, value: str, words: str) -> None:
-    result = processes.run_python(ROOT / exercise, "--world-size", value, timeout=60)
+    result = run_python(ROOT / exercise, "--world-size", value, timeout=60)
     assert_clean_error(result, "--world-size", words)

@@ -41,7 +41,7 @@ VIEWPORT = {"width": 1280, "height": 800}
 CHECK_TIMEOUT = 240  # s: a cold check on 2 busy cores takes seconds; importing torch alone takes ~2 s
 PROGRESS_TIMEOUT = 600  # s: the welcome notebook checks every step (~20 s from the command line on 2 cores)
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.launch]  # every test here starts processes
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 steps and fail the next, the finished solution passes everything, and each catalogued mistake,
 in the course's style and in the original lab's, fails its own step with its words; each exercise
 fails untouched and passes solved, and passes in other learners' styles (tests/styles/exercises/). The recordings (tests/recorded/, made by
-`python -m autograde.tools.record_runs`) are real runs of the current files; a file changed since
+`.venv/bin/python tests/record_runs.py`) are real runs of the current files; a file changed since
 its recording fails here with the command that records it again. The same scripts are also checked
 launched for real in tests/test_autograde.py (the solution, and the mistakes in the course's style)
 and tests/test_styles.py (nine correct styles, the original lab's among them).
@@ -19,19 +19,18 @@ from autograde import registry
 from autograde.checker import judge
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
-from autograde.tools.record_runs import (OUT, exercise_files, lab_files, lab_styles, mistakes, same_file, steps_after,
-                                        styles)
+from record_runs import (COMMAND, OUT, exercise_files, lab_files, lab_styles, mistakes, names, same_file, steps_after,
+                         styles)
 
 FILES = lab_files()
 
 
 def replay(name: str, source: str, steps: list[str]) -> dict[str, Result]:
     path = OUT / f"{name}.json.gz"
-    assert path.is_file(), f"no recording of {name}: python -m autograde.tools.record_runs {name}"
+    assert path.is_file(), f"no recording of {name}: {COMMAND} {name}"
     ws = Workspace.replay(path)
     try:
-        assert ws.script.read_text() == source, (f"{name} changed since it was recorded: "
-                                                 f"python -m autograde.tools.record_runs {name}")
+        assert ws.script.read_text() == source, f"{name} changed since it was recorded: {COMMAND} {name}"
         verdicts = {step: judge.check(ws, step) for step in steps}
     finally:
         ws.close()
@@ -132,6 +131,14 @@ def test_a_replayed_workspace_makes_no_run_it_did_not_record() -> None:
     assert verdict.checker_error and "was not recorded" in verdict.observed, verdict
 
 
-def test_every_recording_is_of_a_lab_file_an_exercise_a_style_or_a_catalogued_mistake() -> None:
-    known = {*FILES, *EXERCISES, *CATALOGUE, *STYLES, *LAB_STYLES}
-    assert {p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")} == known
+def test_the_recordings_on_disk_are_exactly_those_the_recorder_makes() -> None:
+    """No recording missing (its test would fail with less to say), none stale (a lab file, exercise,
+    style or mistake that is gone, or renamed, leaves its recording behind)."""
+    known = names()
+    assert len(known) == len(set(known)), "two recordings share a name"
+    assert set(known) == {*FILES, *EXERCISES, *CATALOGUE, *STYLES, *LAB_STYLES}
+    on_disk = {p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")}
+    missing = [n for n in known if n not in on_disk]
+    assert not missing, f"not recorded: {COMMAND} {' '.join(missing)}"
+    stale = sorted(on_disk - set(known))
+    assert not stale, f"recordings of nothing the recorder makes (delete them): {stale}"

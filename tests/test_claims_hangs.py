@@ -51,6 +51,7 @@ def _join_worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.launch
 def test_join_divides_the_extra_step_by_the_initial_world_size(tmp_path: Path) -> None:
     """Notebook 23: under Join, a rank out of data answers with zeros and DDP divides by the initial
     world size (divide_by_initial_world_size=True by default): rank 1's gradient in its extra step is

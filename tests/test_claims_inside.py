@@ -98,6 +98,7 @@ def _buckets_per_iteration(rank: int, world_size: int) -> list[list[int]]:
     return seen
 
 
+@pytest.mark.launch
 def test_ddp_rebuilds_its_buckets_after_the_first_iteration_the_first_at_1_mib(tmp_path: Path) -> None:
     """With the defaults (find_unused_parameters=False), the first iteration sends every gradient in
     one bucket; from the second on, the buckets follow the order the gradients arrived in, the
@@ -121,6 +122,7 @@ def _all_reduce_against_reduce_scatter_then_all_gather(rank: int, world_size: in
     return {"all_reduce": summed.tolist(), "shard": shard.tolist(), "gathered": gathered.tolist()}
 
 
+@pytest.mark.launch
 def test_an_all_reduce_is_a_reduce_scatter_then_an_all_gather(tmp_path: Path) -> None:
     """ZeRO-1/2 reduce-scatter the gradients (each rank gets its shard's sum) and all-gather the
     updated parameters: together what DDP's all-reduce does, so the same volume."""
@@ -166,6 +168,7 @@ def _fully_shard_step(rank: int, world_size: int) -> dict[str, Any]:
             "numel": sum(p.numel() for p in model.parameters())}
 
 
+@pytest.mark.launch
 def test_fully_shard_shards_each_parameter_on_dim_0_and_reduce_scatters_each_unit_in_backward(tmp_path: Path) -> None:
     for f in _on_processes(_fully_shard_step, tmp_path):
         # each parameter its own DTensor, cut on dim 0: half the rows on each of 2 ranks (no flat buffer)

@@ -39,6 +39,7 @@ def _batches(loader: DataLoader, sampler: DistributedSampler, epochs: int) -> li
     return found
 
 
+@pytest.mark.launch
 def test_workers_give_the_batches_in_the_samplers_order() -> None:
     """Hint 2: "the sampler still runs in the rank's own process and hands each worker the indices of
     a whole batch, and the batches come back in the sampler's order": with 3 workers, the same
@@ -59,6 +60,7 @@ def test_workers_give_the_batches_in_the_samplers_order() -> None:
     assert inspect.signature(DataLoader).parameters["in_order"].default is True
 
 
+@pytest.mark.launch
 def test_persistent_workers_stay_alive_from_one_epoch_to_the_next() -> None:
     """Hint 2: "persistent_workers=True keeps them alive from one epoch to the next instead of starting
     new ones": the same worker processes read epoch 2 as epoch 1; without it, new ones."""
@@ -72,6 +74,7 @@ def test_persistent_workers_stay_alive_from_one_epoch_to_the_next() -> None:
         assert (first == second) is persistent, (persistent, first, second)
 
 
+@pytest.mark.launch
 def test_torch_warns_when_there_are_more_workers_than_cores_it_can_use() -> None:
     """Hint 2: "PyTorch warns when num_workers is above the number of cores it can use": the
     suggestion is torch._utils.cpu_count(), the CPUs this process may run on (sched_getaffinity)."""
@@ -93,6 +96,7 @@ def _start_method(rank: int, out: str) -> None:
     Path(out, f"{rank}").write_text(str(multiprocessing.get_start_method()))
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("how", ["spawn", "fork"])
 def test_processes_started_by_spawn_start_their_loaders_workers_by_spawn_too(how: str, tmp_path: Path) -> None:
     """The exercise's comment: under mp.spawn a process's DataLoader workers "would start a fresh
@@ -153,6 +157,7 @@ def _step_time(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.launch
 def test_a_training_step_is_far_shorter_than_reading_its_batch(tmp_path: Path) -> None:
     """The exercise and notebook 18: reading a batch of 16 takes 64 ms, "while a training step takes
     a millisecond or two" (DDP's all-reduce included, 2 gloo processes): the median step is below

@@ -139,6 +139,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
+@pytest.mark.launch
 def test_init_process_group_reads_rank_and_world_size_from_the_environment() -> None:
     """Notebook 14's hints: with neither rank= nor world_size=, init_process_group's default
     init_method "env://" reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."""
@@ -159,6 +160,7 @@ SHOW = ("import json, os, sys; names = ('RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE'
         "json.dumps({n: os.environ.get(n) for n in names}))")
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_torchrun_sets_omp_num_threads_only_when_it_starts_several_processes_per_node(nproc: int, tmp_path: Path) -> None:
     """Notebook 14: with OMP_NUM_THREADS unset, torchrun sets it to 1 (and warns) when it starts

@@ -115,6 +115,7 @@ def talk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, dict[s
 
 # notebook 11 (the total's hints) ----------------------------------------------------------
 
+@pytest.mark.launch
 def test_all_reduce_sums_in_place_by_default_and_returns_none(talk: dict) -> None:
     """`dist.all_reduce(part)` changes `part` in place, sums by default, and returns None."""
     for rank in (0, 1):
@@ -187,6 +188,7 @@ def test_distributed_sampler_seeds_its_own_generator_with_seed_plus_epoch() -> N
     assert _shards(10, 4, epoch=2, seed=5) == [order[r:total:4] for r in range(4)]
 
 
+@pytest.mark.launch
 def test_a_generator_seeded_alike_gives_every_rank_the_same_order_and_the_global_state_does_not(talk: dict) -> None:
     """The sampler's order hint 1: a CPU torch.Generator seeded the same way draws the same
     permutation in every process; the global random state, drawn from differently before, does not."""
@@ -203,6 +205,7 @@ def test_without_set_epoch_every_epoch_repeats_the_order_and_with_it_the_order_c
     assert list(sampler) != first
 
 
+@pytest.mark.launch
 def test_a_rank_left_alone_in_an_all_reduce_fails_at_the_timeout_not_before(talk: dict) -> None:
     """A rank whose partner never makes the all-reduce waits until the group's timeout, then fails."""
     record = talk["lone_all_reduce"][0]
@@ -230,6 +233,7 @@ def test_batch_isend_irecv_takes_a_list_of_p2p_ops() -> None:
         dist.P2POp(dist.all_reduce, torch.ones(1), 0)
 
 
+@pytest.mark.launch
 def test_batch_isend_irecv_completes_a_ring_step_on_two_ranks(talk: dict) -> None:
     """On a 2-rank ring the left and right neighbours are the same rank; one send and one receive
     posted with batch_isend_irecv complete, and each rank gets the other's values."""
@@ -239,11 +243,13 @@ def test_batch_isend_irecv_completes_a_ring_step_on_two_ranks(talk: dict) -> Non
         assert record["requests"] == 2 and record["same"] is True, record
 
 
+@pytest.mark.launch
 def test_isend_then_recv_completes_on_gloo_with_two_ranks(talk: dict) -> None:
     """An isend, then a blocking recv, then a wait (the unbatched exchange notebook 13 says gloo takes) works on gloo."""
     assert all(talk["isend_then_recv"][rank]["same"] is True for rank in (0, 1))
 
 
+@pytest.mark.launch
 def test_a_blocking_send_on_every_rank_first_waits_for_a_receiver_that_never_comes(talk: dict) -> None:
     """On gloo, dist.send does not return before its receiver receives: with both ranks sending first,
     even 6 floats, neither send returns. Both wait until the timeout; the rank whose timeout fires a

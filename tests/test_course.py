@@ -67,6 +67,7 @@ def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
         assert source.splitlines()[-1] == f"autograde.assert_step({argument})"
 
 
+@pytest.mark.launch
 def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -> None:
     source = grade_cells(course_dir / "source" / registry.LAB)
     for step in POINTS:
@@ -82,12 +83,14 @@ def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -
                         if registry.item(course.step_of(k)).part == LAB.id}      # learners ran
 
 
+@pytest.mark.launch
 def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
     released = course_dir / "release" / registry.LAB
     assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob(LAB.notebooks))
     assert not (released / "solutions").exists()
 
 
+@pytest.mark.launch
 def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDP_LAB_COURSE_DIR", str(course_dir))
     assert course.grades(course_dir / "grades.csv") == {STUDENT: sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))}
@@ -99,6 +102,7 @@ def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, m
     assert len(feedback) == len(LAB.graded_notebooks)
 
 
+@pytest.mark.launch
 def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
     result = processes.run(["make", "--no-print-directory", "grade"], cwd=ROOT, timeout=120,
                         env={"DDP_LAB_COURSE_DIR": str(tmp_path)})
@@ -127,6 +131,7 @@ def clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return repo
 
 
+@pytest.mark.launch
 def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path) -> None:
     committed = (clone / "fashion_mnist.py").read_text()
     (clone / "fashion_mnist.py").write_text(committed + "import torch.distributed as dist  # a half-done Step 0\n")
@@ -141,6 +146,7 @@ def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path)
     assert "fashion_mnist.py" in note and "notebooks/09_draft.ipynb" in note and "released as committed" in note
 
 
+@pytest.mark.launch
 def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:
     (clone / "fashion_mnist.py").write_text("# edited\n")
     built = course.build_source(clone, course.WORKING_COPY)
@@ -148,6 +154,7 @@ def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:
     assert "as they are" in built.origin
 
 
+@pytest.mark.launch
 def test_release_outside_a_git_checkout_says_what_to_do(clone: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     shutil.rmtree(clone / ".git")
@@ -161,6 +168,7 @@ def test_release_outside_a_git_checkout_says_what_to_do(clone: Path, monkeypatch
                     "`make release FROM=files` builds from the files as they are")
 
 
+@pytest.mark.launch
 def test_hidden_tests_written_into_a_notebook_are_refused(clone: Path) -> None:
     path = clone / "notebooks/04_steps_3_to_5.ipynb"
     notebook = json.loads(path.read_text())
@@ -191,6 +199,7 @@ def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
     assert "1 grade cells restored with their hidden tests" in log.summary()
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("part_id", [p.id for p in registry.PARTS if p.id != registry.LAB])
 def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) -> None:
     """`make release PART=processes_talk` (or another later part) hands out that part's notebooks and

@@ -10,7 +10,7 @@ from torchvision.datasets import FashionMNIST
 
 from autograde import data, processes
 from autograde.checker import output
-from conftest import STARTER, assert_clean_error
+from conftest import STARTER, assert_clean_error, run_python
 
 
 def test_torchvision_reads_the_stand_in_unchanged(tmp_path: Path) -> None:
@@ -42,6 +42,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
     assert (a / "t10k-images-idx3-ubyte").read_bytes() != (a / name).read_bytes()[:16 + 20 * 784]
 
 
+@pytest.mark.launch
 def test_command_line_writes_it_and_refuses_bad_sizes(tmp_path: Path) -> None:
     ok = processes.run([processes.PYTHON, "-m", "autograde.data", "synthetic", "--root", tmp_path,
                      "--train-size", "30", "--val-size", "10"], timeout=60)
@@ -56,6 +57,7 @@ def test_command_line_writes_it_and_refuses_bad_sizes(tmp_path: Path) -> None:
     assert_clean_error(unwritable, "cannot write")
 
 
+@pytest.mark.launch
 def test_download_offline_gives_one_line(tmp_path: Path) -> None:
     offline = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
     result = processes.run([processes.PYTHON, "-m", "autograde.data", "download", "--root", tmp_path], timeout=90,
@@ -63,10 +65,11 @@ def test_download_offline_gives_one_line(tmp_path: Path) -> None:
     assert_clean_error(result, "could not download", "make synthetic-data")
 
 
+@pytest.mark.launch
 def test_accuracy_climbs_over_epochs_as_on_the_real_thing(tmp_path: Path) -> None:
     data.write_synthetic(tmp_path, train_size=1500, val_size=500, seed=7)
-    result = processes.run_python(STARTER, "--data-dir", tmp_path, "--widen-factor", "1", "--batch-size", "32",
-                               "--epochs", "3", "--target-accuracy", "1.0", timeout=240)
+    result = run_python(STARTER, "--data-dir", tmp_path, "--widen-factor", "1", "--batch-size", "32",
+                        "--epochs", "3", "--target-accuracy", "1.0", timeout=240)
     assert result.returncode == 0, result.output
     accuracies = [e.val_accuracy for e in output.epochs(result.stdout)]
     assert len(accuracies) == 3

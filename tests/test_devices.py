@@ -44,6 +44,7 @@ def test_a_plan_reads_as_devices() -> None:
     assert devices.signature(planned) != devices.signature(devices.plan(2, 2, 2))
 
 
+@pytest.mark.launch
 def test_each_simulated_node_sees_only_its_own_gpus() -> None:
     """The workers run's plumbing, on a machine without GPUs: planned for 4 GPUs, each node's
     processes start with that node's CUDA_VISIBLE_DEVICES (what a learner's cuda:local_rank reads)."""

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import ROOT, run_script
+
+pytestmark = pytest.mark.launch  # every test here starts processes
 
 SCRIPT = ROOT / "exercises" / "big_batch_equivalence.py"
 

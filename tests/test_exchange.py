@@ -1,5 +1,5 @@
-"""The instructor's path end to end through nbgrader's real exchange, with the commands the README
-gives (Instructors): `make release`, `make release-exchange`, two learners who fetch, work and
+"""The instructor's path end to end through nbgrader's real exchange, with the commands docs/instructors.md
+gives: `make release`, `make release-exchange`, two learners who fetch, work and
 submit with nbgrader's own command line, `make collect`, `make grade`, `make return-feedback`, and
 the learners fetching their feedback. Alice hands in the finished solution, Bob a script done
 through Step 5: 20 and 8 of 20 points, read back from the export and from the feedback they
@@ -29,6 +29,8 @@ from traitlets.config import Config
 from autograde import course, processes, registry
 from conftest import ROOT, SOLUTION, snapshot
 
+pytestmark = pytest.mark.launch  # every test here starts processes
+
 LEARNERS = {"alice": SOLUTION, "bob": snapshot(5)}
 POINTS = sum(item.points for item in registry.ITEMS if item.part == registry.LAB)
 BOB = sum(item.points for item in registry.ITEMS if item.part == registry.LAB and item.id in ("0", "1", "2", "3", "4", "5"))
@@ -52,7 +54,7 @@ class Learner:
         return self.home / "work"
 
     def nbgrader(self, *args: str, exchange: Path) -> str:
-        """A learner's nbgrader command, as the README gives it (the course's venv on PATH)."""
+        """A learner's nbgrader command, as docs/instructors.md gives it (the course's venv on PATH)."""
         cmd = ["nbgrader", *args, registry.LAB, f"--course={course.COURSE_ID}", f"--Exchange.root={exchange}",
                f"--student={self.name}"]
         result = processes.run(cmd, cwd=self.work, timeout=120,

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from autograde import processes
-from autograde.notebook import hangs
-from conftest import ROOT
+from autograde.notebook import inside
+from conftest import ROOT, run_python
 
-SCRIPT = ROOT / hangs.SCRIPT
+pytestmark = pytest.mark.launch  # every test here starts processes
+
+SCRIPT = ROOT / inside.HANGS
 
 
 def _hangs_running(deadline: float = 30.0) -> list[int]:
@@ -41,41 +43,41 @@ def _runs_hangs(pid: int) -> bool:
 
 
 def test_a_barrier_on_rank_0_alone_is_found_where_each_rank_waits() -> None:
-    stacks = hangs.where_they_wait("one_rank_collective", settle=3)
-    assert hangs.waiting_line(stacks[0]).startswith("in barrier (")
-    assert hangs.waiting_line(stacks[1]).startswith("in all_reduce (")
-    assert all("(hangs.py:" in hangs.waiting_line(frames) for frames in stacks.values())
+    stacks = inside.where_they_wait("one_rank_collective", settle=3)
+    assert inside.waiting_line(stacks[0]).startswith("in barrier (")
+    assert inside.waiting_line(stacks[1]).startswith("in all_reduce (")
+    assert all("(hangs.py:" in inside.waiting_line(frames) for frames in stacks.values())
     assert not _hangs_running()
 
 
 def test_without_py_spy_faulthandler_gives_the_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hangs, "_py_spy", lambda: None)
-    stacks = hangs.where_they_wait("uneven_batches", settle=3)
-    assert hangs.waiting_line(stacks[0]).startswith("in barrier (")
+    monkeypatch.setattr(inside, "_py_spy", lambda: None)
+    stacks = inside.where_they_wait("uneven_batches", settle=3)
+    assert inside.waiting_line(stacks[0]).startswith("in barrier (")
     assert any("backward" in frame for frame in stacks[1]), stacks[1]  # rank 1: its extra batch's backward()
     assert not _hangs_running()
 
 
 def test_detail_names_the_collectives_the_ranks_disagree_on() -> None:
-    said = hangs.detail("early_stop_rank0")
+    said = inside.detail("early_stop_rank0")
     assert said.startswith("Detected mismatch between collectives on ranks") and "Rank 0" in said and "Rank 1" in said, said
 
 
 def test_a_run_that_does_not_hang_is_said_in_one_line() -> None:
-    with pytest.raises(hangs.HangError, match="ended by itself"):
-        hangs.where_they_wait("none", settle=30)
+    with pytest.raises(inside.HangError, match="ended by itself"):
+        inside.where_they_wait("none", settle=30)
     assert not _hangs_running()
 
 
 def test_the_fix_for_uneven_batches_needs_ddp() -> None:
-    result = processes.run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
+    result = run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
     assert result.returncode == 2 and "Join" in result.stderr and "Traceback" not in result.output, result.output
 
 
 def test_a_hang_that_times_out_ends_in_one_line() -> None:
-    """The README's `--bug uneven_batches --timeout N`: the job hangs until the process group gives
+    """docs/course.md's `--bug uneven_batches --timeout N`: the job hangs until the process group gives
     up, then says which rank stopped waiting and why in one line, not a traceback per rank."""
-    result = processes.run_python(SCRIPT, "--world-size", "2", "--bug", "uneven_batches", "--timeout", "5", timeout=90)
+    result = run_python(SCRIPT, "--world-size", "2", "--bug", "uneven_batches", "--timeout", "5", timeout=90)
     assert result.returncode == 1 and not result.timed_out and "Traceback" not in result.output, result.output[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("hangs.py:")]
     assert re.fullmatch(r"hangs\.py: rank [01] stopped waiting: .*Timed out waiting 5000ms.*", line), line

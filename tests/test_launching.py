@@ -18,11 +18,12 @@ from autograde import processes
 from autograde.checker import api
 from autograde.checker.verdicts import Failed
 from autograde.notebook import launching
-from conftest import ROOT, assert_clean_error
+from conftest import ROOT, assert_clean_error, run_python
 
 TORCHRUN_SCRIPT = ROOT / "solutions" / "fashion_mnist_torchrun.py"
 
 
+@pytest.mark.launch
 def test_the_kill_test_passes_on_the_solution() -> None:
     """Made for real: rank 1 killed with SIGKILL in the middle of epoch 2 under torchrun
     --max-restarts 3, and rank 0 killed halfway through a save. The restarted group goes on from
@@ -47,21 +48,24 @@ def _running(name: str) -> list[int]:
     return found
 
 
+@pytest.mark.launch
 def test_the_torchrun_script_refuses_to_run_without_torchrun() -> None:
     assert "RANK" not in os.environ
-    result = processes.run_python(TORCHRUN_SCRIPT, "--epochs", "1", timeout=60)
+    result = run_python(TORCHRUN_SCRIPT, "--epochs", "1", timeout=60)
     assert_clean_error(result, "torchrun")
 
 
+@pytest.mark.launch
 def test_a_node_that_never_arrives_fails_in_one_line_at_its_timeout(stand_in: Path) -> None:
     """Rank 0 of a group of 2 started alone, --timeout 3: one clear line after a few seconds, not a hang."""
     env = launching.as_rank(0, 2, processes.free_port())
-    result = processes.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--widen-factor", "1", "--timeout", "3",
-                               timeout=60, env=env)
+    result = run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--widen-factor", "1", "--timeout", "3",
+                        timeout=60, env=env)
     assert_clean_error(result, "1/2 clients joined")
     assert result.seconds < 40
 
 
+@pytest.mark.launch
 def test_two_jobs_on_one_port_the_second_says_so(stand_in: Path) -> None:
     port = processes.free_port()
     env = launching.as_rank(0, 2, port)
@@ -70,13 +74,14 @@ def test_two_jobs_on_one_port_the_second_says_so(stand_in: Path) -> None:
         deadline = time.monotonic() + 60
         while not launching.listening(port) and time.monotonic() < deadline:
             time.sleep(0.2)
-        second = processes.run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "20", timeout=60, env=env)
+        second = run_python(TORCHRUN_SCRIPT, "--data-dir", stand_in, "--timeout", "20", timeout=60, env=env)
     finally:
         first_result = processes.finish(first, 0.1)
     assert_clean_error(second, "address already in use")
     assert not first_result.leftover
 
 
+@pytest.mark.launch
 def test_torch_distributed_debug_detail_names_the_disagreeing_ranks() -> None:
     said = launching.debug_variables()
     assert "Detected mismatch between collectives" in said["TORCH_DISTRIBUTED_DEBUG=DETAIL"]
@@ -84,6 +89,7 @@ def test_torch_distributed_debug_detail_names_the_disagreeing_ranks() -> None:
     assert "mismatch" not in said["no variable"]
 
 
+@pytest.mark.launch
 def test_a_launch_that_is_stopped_takes_torchruns_workers_with_it(tmp_path: Path) -> None:
     """torchrun starts each worker in a session of its own, outside the launch's process group;
     the launch's mark (processes.MARK) still finds them when the launch is stopped."""

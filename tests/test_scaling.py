@@ -82,6 +82,7 @@ def test_speedup_is_not_applicable_without_two_gpus() -> None:
     assert verdict.passed is None and verdict.status == "n/a" and "needs GPUs" in verdict.observed
 
 
+@pytest.mark.launch
 def test_the_speedup_measurement_times_real_runs_and_rejects_a_rank_that_skips_work(tmp_path: Path) -> None:
     """The check's measuring code on the CPU (its threshold needs GPUs): one pair of timed runs of
     the finished script, each verified; then the same with rank 1 training on half its batch."""
@@ -130,6 +131,7 @@ def test_the_logs_the_notebooks_read_give_times_per_epoch_and_per_step(tmp_path:
     assert notebook.fit({1: 66.0, 2: 34.75, 4: 20.25}) == pytest.approx((64, 2, 0.75))
 
 
+@pytest.mark.launch
 def test_the_finished_script_logs_a_json_line_per_epoch(stand_in: Path, tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     result = again_on_gloo_fault(lambda: processes.run(
@@ -146,6 +148,7 @@ def test_the_finished_script_logs_a_json_line_per_epoch(stand_in: Path, tmp_path
     assert all(r["epoch_time"] > 0 and 0 <= r["val_accuracy"] <= 1 for r in records)
 
 
+@pytest.mark.launch
 def test_speed_fixes_counts_all_reduces_and_writes_a_trace(stand_in: Path, tmp_path: Path) -> None:
     """With --accumulate 2, DDP all-reduces after both backward passes, and only after the last one
     inside no_sync; --profile writes a trace per rank that a trace viewer opens (Chrome's format)."""

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from autograde import data, processes
 from autograde.checker import output
 from conftest import ROOT
@@ -17,17 +19,48 @@ def pins(text: str) -> set[str]:
     return set(re.findall(r"^[\s-]*([A-Za-z0-9_.\-]+==[^\s#]+)", text, flags=re.MULTILINE))
 
 
-def test_conda_environment_has_the_pip_pins() -> None:
-    pip_pins = pins((ROOT / "requirements.txt").read_text()) | pins((ROOT / "requirements-test.txt").read_text())
-    assert "torch==2.14.1" in pip_pins and "torchvision==0.29.1" in pip_pins
+def test_every_requirement_is_pinned_and_the_conda_environment_has_the_same_pins() -> None:
+    pip_pins: set[str] = set()
+    for name in ("requirements.txt", "requirements-test.txt"):
+        text = (ROOT / name).read_text()
+        lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        assert len(pins(text)) == len(lines), f"{name}: a requirement without its == pin: {lines}"
+        pip_pins |= pins(text)
     assert pins((ROOT / "environment.yml").read_text()) == pip_pins
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test" in ci
-    assert "apt-get install -y -qq chromium" in ci  # before make test: tests/test_browser.py needs it
-    assert "make test" in (ROOT / "README.md").read_text()
+# Stand-ins for the commands .ci/run starts: each writes its name and arguments on a line of LOG.
+STUB = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$LOG"
+"""
+
+
+@pytest.mark.launch
+def test_ci_installs_chromium_where_it_is_missing_then_runs_make_test_and_nothing_else(tmp_path: Path) -> None:
+    """.ci/run with make, apt-get and id replaced by stubs on PATH (id says root, so that the
+    Chromium branch runs wherever /usr/bin/chromium is missing): `make test` is the one make it
+    starts, after any apt-get, and it fails when make fails."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    for name in ("make", "apt-get"):
+        (bin_dir / name).write_text(STUB)
+    (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "failing-make").write_text(STUB + "exit 3\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LOG": str(log)}
+    ci = subprocess.run(["bash", ROOT / ".ci" / "run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ci.returncode == 0, ci.stdout + ci.stderr
+    ran = log.read_text().splitlines()
+    assert ran[-1] == "make test" and [line for line in ran if line.startswith("make")] == ["make test"], ran
+    if not os.access("/usr/bin/chromium", os.X_OK):
+        assert ran[:-1] == ["apt-get update -qq", "apt-get install -y -qq chromium"], ran
+    else:
+        assert ran == ["make test"], ran
+    (bin_dir / "failing-make").rename(bin_dir / "make")
+    failed = subprocess.run(["bash", ROOT / ".ci" / "run"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert failed.returncode == 3, failed.stdout + failed.stderr
 
 
 def make_run(data_dir: Path, synthetic_dir: Path) -> processes.Result:
@@ -36,6 +69,7 @@ def make_run(data_dir: Path, synthetic_dir: Path) -> processes.Result:
                        "--master-port", str(processes.free_port())], timeout=240, cwd=ROOT)
 
 
+@pytest.mark.launch
 def test_make_run_without_data_trains_on_the_labelled_stand_in(tmp_path: Path) -> None:
     result = make_run(tmp_path / "data", tmp_path / "synthetic")
     assert result.returncode == 0, result.output
@@ -45,6 +79,7 @@ def test_make_run_without_data_trains_on_the_labelled_stand_in(tmp_path: Path) -
     assert len(output.epochs(result.stdout)) == 1
 
 
+@pytest.mark.launch
 def test_make_run_with_the_data_set_uses_it_without_a_banner(tmp_path: Path) -> None:
     # Real files are IDX files without the stand-in's label; stand-in bytes play them here.
     raw = data.write_synthetic(tmp_path / "made", 640, 301, seed=9)
@@ -59,6 +94,7 @@ def test_make_run_with_the_data_set_uses_it_without_a_banner(tmp_path: Path) -> 
     assert len(output.epochs(result.stdout)) == 1
 
 
+@pytest.mark.launch
 def test_every_make_target_in_the_readme_is_defined_once() -> None:
     readme = (ROOT / "README.md").read_text()
     targets = sorted(set(re.findall(r"`make ([a-z-]+)", readme)))
@@ -89,6 +125,7 @@ def effective(env: dict[str, str]) -> tuple[set[str], dict[str, bool]]:
     return set(loaded["disabled"]), loaded["server"]
 
 
+@pytest.mark.launch
 def test_setup_leaves_the_environment_in_the_mode_chosen_there_with_its_jupyter_settings() -> None:
     mode = (VENV / "etc" / "jupyter" / "ddp-lab-mode").read_text().strip()  # written by make setup
     assert mode in ("learner", "instructor")
@@ -106,6 +143,7 @@ def test_setup_leaves_the_environment_in_the_mode_chosen_there_with_its_jupyter_
     assert json.loads(overrides.read_text())["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
 
 
+@pytest.mark.launch
 def test_learner_mode_switches_nbgraders_instructor_tools_off_and_instructor_mode_on(tmp_path: Path) -> None:
     # A config of its own (EXT_LEVEL=user), read before the environment's, which stays as it is.
     env = {"JUPYTER_CONFIG_DIR": str(tmp_path), "JUPYTER_PREFER_ENV_PATH": "0"}
@@ -121,12 +159,14 @@ def test_learner_mode_switches_nbgraders_instructor_tools_off_and_instructor_mod
         assert server["nbgrader.server_extensions.validate_assignment"], server
 
 
+@pytest.mark.launch
 def test_lab_mode_says_what_is_wrong_in_one_line() -> None:
     wrong = processes.run([processes.PYTHON, ROOT / "jupyter-config" / "lab_mode.py", "teacher"], timeout=60)
     assert wrong.returncode == 2 and "invalid choice: 'teacher'" in wrong.stderr, wrong.output
     assert "Traceback" not in wrong.output
 
 
+@pytest.mark.launch
 def test_lab_terminals_have_the_environments_python_first_although_a_login_shell_resets_path(tmp_path: Path) -> None:
     """JupyterLab runs the bash that the environment's jupyter_server_config.py names; its start-up file
     reads what a login shell reads (Debian's /etc/profile sets PATH afresh), then puts the environment first."""
@@ -143,6 +183,7 @@ def test_lab_terminals_have_the_environments_python_first_although_a_login_shell
     assert shell.stdout.split() == [str(VENV / "bin" / "python"), str(VENV / "bin" / "jupyter")], shell
 
 
+@pytest.mark.launch
 def test_validate_button_gives_a_check_cell_the_graders_time_limit() -> None:
     """nbgrader's Validate button reads its config the way its server extension does, from the server's folder."""
     timeout = processes.run([processes.PYTHON, "-c", """

@@ -12,10 +12,10 @@ import pytest
 
 from autograde import data, processes
 from autograde.tools import fake_slurm
-from conftest import ROOT, SOLUTIONS, again_on_gloo_fault, assert_clean_error
+from conftest import ROOT, again_on_gloo_fault, assert_clean_error
 
-PER_GPU = SOLUTIONS / "slurm" / "srun_one_task_per_gpu.sbatch"  # srun: one task per GPU
-PER_NODE = SOLUTIONS / "slurm" / "srun_torchrun_per_node.sbatch"  # srun: one torchrun per node
+PER_GPU = ROOT / "demos" / "slurm" / "srun_one_task_per_gpu.sbatch"  # srun: one task per GPU
+PER_NODE = ROOT / "demos" / "slurm" / "srun_torchrun_per_node.sbatch"  # srun: one torchrun per node
 SCRIPTS = pytest.mark.parametrize("script", [PER_GPU, PER_NODE], ids=["task-per-gpu", "torchrun-per-node"])
 
 # Stands in for the training script (TRAIN_SCRIPT): joins the group the way the lab's script does
@@ -112,6 +112,7 @@ def test_the_course_scripts_ask_for_two_nodes_of_four_gpus() -> None:
     assert (per_node.nodes, per_node.ntasks_per_node, per_node.gpus_per_node) == (2, 1, 4)
 
 
+@pytest.mark.launch
 def test_as_written_the_scripts_start_eight_processes(tmp_path: Path) -> None:
     """Their own #SBATCH shape, 2 nodes x 4 GPUs, dry: `python` and `torchrun` are stand-ins that
     print what they were given; the job's arguments come through unchanged (one of them has a space)."""
@@ -138,11 +139,13 @@ def test_as_written_the_scripts_start_eight_processes(tmp_path: Path) -> None:
         assert run.endswith(train), run
 
 
+@pytest.mark.launch
 def test_scontrol_prints_one_host_a_line() -> None:
     result = fake("scontrol", "show", "hostnames", "node[01-02],login")
     assert (result.returncode, result.stdout) == (0, "node01\nnode02\nlogin\n"), result.output
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("args, words", [
     (["no_such_script.sbatch"], ["no batch script", "no_such_script.sbatch"]),
     (["--ntasks-per-node", "0", str(PER_GPU)], ["--ntasks-per-node", "at least 1"]),
@@ -154,12 +157,14 @@ def test_bad_input_gets_one_line(args: list[str], words: list[str]) -> None:
     assert_clean_error(fake(*args), *words)
 
 
+@pytest.mark.launch
 def test_an_unknown_srun_option_gets_one_line(tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\nset -e\nsrun --mpi=pmix true\n")
     assert_clean_error(fake(script), "srun", "--mpi")
 
 
+@pytest.mark.launch
 @SCRIPTS
 @pytest.mark.parametrize("nodes, per_node", [(1, 2), (2, 2)], ids=["1x2", "2x2"])
 def test_slurm_variables_become_pytorch_ranks(script: Path, nodes: int, per_node: int, probe: Path) -> None:
@@ -193,6 +198,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.launch
 def test_the_lab_trains_under_torchrun_on_two_nodes(tiny_data: Path) -> None:
     """The real training script, one torchrun on each of two nodes, one process each."""
     result = sbatch(PER_NODE, "--data-dir", tiny_data, "--epochs", "1", "--widen-factor", "1",
@@ -203,6 +209,7 @@ def test_the_lab_trains_under_torchrun_on_two_nodes(tiny_data: Path) -> None:
     assert not result.leftover, "processes were left running"
 
 
+@pytest.mark.launch
 def test_a_failing_task_stops_the_job(probe: Path) -> None:
     """Rank 1 exits with 3 while rank 0 waits for it in init_process_group (for up to 60 s): srun
     stops rank 0, and the job fails at once with rank 1's status."""
@@ -215,6 +222,7 @@ def test_a_failing_task_stops_the_job(probe: Path) -> None:
     assert not result.leftover, "processes were left running"
 
 
+@pytest.mark.launch
 def test_sigterm_to_the_job_stops_every_task(tmp_path: Path) -> None:
     """As on `scancel`: the job's tasks get SIGTERM, and nothing is left running."""
     script = tmp_path / "job.sbatch"

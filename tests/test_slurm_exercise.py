@@ -49,6 +49,7 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.launch
 def test_env_is_the_default_and_reads_rank_world_size_master_addr_and_port() -> None:
     """Notebook 16: init_process_group("gloo") with no init_method reads RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT from the environment: without any one of them it stops, naming
@@ -77,6 +78,7 @@ dist.destroy_process_group()
     assert "joined 0 1" in result.stdout, result.output
 
 
+@pytest.mark.launch
 def test_rank_0_starts_the_rendezvous_store_at_master_addr_and_port() -> None:
     """Notebook 16 and the TODO: rank 0 hosts the rendezvous at MASTER_ADDR:MASTER_PORT, where the
     others connect: alone, rank 0 listens there; rank 1 alone does not, and joins once rank 0 is up."""
@@ -114,6 +116,7 @@ def test_torchrun_sets_local_rank_and_local_world_size_for_its_workers() -> None
         assert f'_get_env_or_raise("{name}")' in env_handler, name
 
 
+@pytest.mark.launch
 def test_the_untouched_exercise_fails_in_init_process_group_as_the_notebook_says() -> None:
     result = processes.run([processes.PYTHON, EXERCISE, "--nodes", "1", "--ntasks-per-node", "1"], timeout=90, cwd=ROOT)
     assert result.returncode != 0, result.output
@@ -122,12 +125,14 @@ def test_the_untouched_exercise_fails_in_init_process_group_as_the_notebook_says
     assert not result.leftover
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("args, words", [(["--nodes", "0"], ["--nodes", "below 1"]),
                                          (["--ntasks-per-node", "two"], ["--ntasks-per-node", "not a whole number"])])
 def test_the_exercise_refuses_a_bad_layout_in_one_line(args: list[str], words: list[str]) -> None:
     assert_clean_error(processes.run([processes.PYTHON, EXERCISE, *args], timeout=60, cwd=ROOT), *words)
 
 
+@pytest.mark.launch
 def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(tmp_path: Path) -> None:
     """The check calls the learner's function with task_environ(): the SLURM variables the fake
     srun gives each task of a 2 x 2 job, with the same values (its nodes 127.0.0.1 and .2)."""

@@ -10,7 +10,7 @@ import torch
 
 from autograde import processes, registry
 from autograde.checker import api, output
-from conftest import QUICK, SOLUTION, STARTER, TRAIN_SIZE, probe_env, reference_metrics, snapshot
+from conftest import QUICK, SOLUTION, STARTER, TRAIN_SIZE, probe_env, reference_metrics, run_python, snapshot
 
 STEPS = list(range(11))
 MARKER = re.compile(r"#\s*(?:TODO\s+)?(?:Step\s+(\d+(?:\.5)?)|(Optional))\b")
@@ -84,6 +84,7 @@ def test_the_finished_lab_has_no_todo_left() -> None:
 SINGLE_PROCESS = ["starter", "after_step_3", "after_step_6", "after_step_7", "after_step_8", "after_step_9"]
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("name", SINGLE_PROCESS)
 def test_single_process_version_trains_an_epoch(name: str, stand_in: Path, tmp_path: Path) -> None:
     """These versions still train as one process, and print numbers that add up."""
@@ -91,7 +92,7 @@ def test_single_process_version_trains_an_epoch(name: str, stand_in: Path, tmp_p
     args = ["--data-dir", stand_in, *QUICK]
     if "--master-port" in api.options(script):  # what its parser accepts (Step 2 on)
         args += ["--master-port", str(processes.free_port())]
-    result = processes.run_python(script, *args, timeout=180, env=probe_env(tmp_path))
+    result = run_python(script, *args, timeout=180, env=probe_env(tmp_path))
     assert result.returncode == 0, result.output
     assert "synthetic stand-in" in result.stdout  # the stand-in is never passed off as Fashion-MNIST
     (epoch,) = output.epochs(result.stdout)

@@ -11,7 +11,9 @@ import torch
 
 from autograde import processes
 from autograde.checker import output
-from conftest import QUICK, SOLUTION, TRAIN_SIZE, probe_env, reference_metrics, run_script
+from conftest import QUICK, SOLUTION, TRAIN_SIZE, probe_env, reference_metrics, run_python, run_script
+
+pytestmark = pytest.mark.launch  # every test here starts processes
 
 TWO_EPOCHS = [*QUICK[:-1], "2"]
 
@@ -80,9 +82,9 @@ def test_early_stopping_is_decided_together(stand_in: Path, tmp_path: Path) -> N
 
 
 def test_a_crash_in_one_rank_stops_every_rank(stand_in: Path, tmp_path: Path) -> None:
-    result = processes.run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK,
-                               "--master-port", str(processes.free_port()), timeout=120,
-                               env=probe_env(tmp_path, DDP_LAB_PROBE_CRASH_RANK="1"))
+    result = run_python(SOLUTION, "--num-gpus", "2", "--data-dir", stand_in, *QUICK,
+                        "--master-port", str(processes.free_port()), timeout=120,
+                        env=probe_env(tmp_path, DDP_LAB_PROBE_CRASH_RANK="1"))
     assert not result.timed_out, "the surviving rank hung"
     assert result.returncode != 0
     assert "simulated crash in rank 1" in result.output

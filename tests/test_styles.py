@@ -131,6 +131,7 @@ def half_unit(printed: str) -> float:
     return 0.5 * 10 ** -decimals
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("path", STYLES, ids=style_id)
 def test_style_trains_for_real(path: Path, stand_in: Path, tmp_path: Path) -> None:
     """`python STYLE --num-gpus 2 ...` as a learner types it: exit 0, one epoch line, printed by
@@ -185,6 +186,7 @@ def failures(results: list[Result]) -> list[str]:
 LAUNCHED = [STYLES_DIR / "trainer_class.py"]
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("path", LAUNCHED, ids=style_id)
 def test_checker_passes_every_step(path: Path) -> None:
     results = api.check_steps(None, path, quiet=True)
@@ -196,6 +198,7 @@ def test_checker_passes_every_step(path: Path) -> None:
 HIDDEN = course.hidden_layouts()  # the graders' hidden tests, by layout
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("layout", list(HIDDEN))
 @pytest.mark.parametrize("path", LAUNCHED, ids=style_id)
 def test_checker_passes_the_hidden_layouts(path: Path, layout: str) -> None:

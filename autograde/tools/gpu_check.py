@@ -7,7 +7,8 @@ will use, an instructor runs it once before the course. It:
 1. trains the finished solution for 2 epochs of the full model (--widen-factor 10) on every GPU,
    and on one GPU, and reports images/sec, epoch time and the speedup;
 2. trains 1 epoch with --sync-bn (the Optional step) on every GPU;
-3. checks the finished solution, every step, and three catalogued mistakes that must fail;
+3. checks the finished solution, every step, and runs the tests' GPU checks (tests/test_gpu_mistakes.py:
+   three catalogued mistakes that must fail), through pytest in a process of their own;
 4. runs notebooks 02, 06 and 09 under nbval with quick mode off (when nbval is installed);
 5. writes a markdown report, and exits non-zero when anything failed.
 
@@ -26,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +35,10 @@ from autograde.checker import api, devices, output
 from autograde import data, processes, paths
 REPO, SOLUTION = paths.REPO, paths.SOLUTION
 NOTEBOOKS = ["02_baseline.ipynb", "06_step_7_ddp.ipynb", "09_evaluation.ipynb"]
-MISTAKES = ["rank_is_local_rank", "device_not_pinned", "no_set_epoch"]  # names in tests/mistakes.py
+# The tests' own GPU checks (catalogued mistakes live with the tests): run as a pytest command, never
+# imported, so that the package holds nothing of tests/. A path relative to REPO, the command's folder.
+GPU_TESTS = "tests/test_gpu_mistakes.py"
+GPU_TESTS_LIMIT = 3600.0  # three checks of the lab, each well within pytest.ini's 900 s a test
 TRAIN_LIMIT = 1800.0
 PARTS = ["training", "checks", "notebooks"]
 
@@ -53,17 +58,6 @@ class Report:
         self.add(f"| {what} | {verdict} | {detail} |")
         if verdict == "FAIL":
             self.failures.append(what)
-
-
-def _mistakes() -> tuple[dict[str, object], set[str]]:
-    """The catalogue of typical mistakes, from the test suite (its one source), and the names of
-    those that only the checker's GPU mode can show."""
-    spec = importlib.util.spec_from_file_location("ddp_lab_mistakes", REPO / "tests" / "mistakes.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return ({m.name: m for m in [*module.MISTAKES, *module.GPU_MISTAKES]}, {m.name for m in module.GPU_MISTAKES})
 
 
 def train(gpus: int, data_dir: Path, epochs: int, *extra: str) -> tuple[list[output.Epoch], float, str]:
@@ -106,7 +100,6 @@ def training(report: Report, gpus: int, data_dir: Path) -> None:
 
 def checks(report: Report, gpus: int) -> None:
     planned = devices.plan(gpus, 2, 2)
-    on_gpu = any(planned.values())  # the GPU parts of Steps 4 and 7 show in the workers run, else the program run
     runs = "; ".join(f"{run} run on {devices.describe(assigned)}" for run, assigned in planned.items())
     report.add(f"\n## The checker ({runs})\n")
     report.add("| what | verdict | observed |\n| --- | --- | --- |")
@@ -122,24 +115,51 @@ def checks(report: Report, gpus: int) -> None:
                                  quiet=True)
     report.row("large_batch_training.py, speedup (2 GPUs over 1)", "FAIL" if speedup.passed is False else speedup.status,
                f"{speedup.observed} ({time.monotonic() - started:.0f} s)")
+    gpu_tests(report)
+
+
+def gpu_tests(report: Report) -> None:
+    """The tests' GPU checks, through pytest in a process of its own: a row for each test case, `n/a`
+    with its reason where it skipped (a mistake that only the checker's GPU mode shows, on a machine
+    whose checker runs on the CPU)."""
     report.add("")
-    report.add("| mistake | verdict | observed |\n| --- | --- | --- |")
-    catalogue, gpu_only = _mistakes()
+    report.add(f"| {GPU_TESTS} | verdict | observed |\n| --- | --- | --- |")
+    if importlib.util.find_spec("pytest") is None:
+        report.row(GPU_TESTS, "n/a", "pytest is not installed here (pip install -r requirements-test.txt)")
+        return
     with tempfile.TemporaryDirectory() as folder:
-        for name in MISTAKES:
-            mistake = catalogue.get(name)
-            if mistake is None:
-                report.row(f"mistake {name}", "n/a", "not in tests/mistakes.py")
-                continue
-            if name in gpu_only and not on_gpu:
-                report.row(f"mistake {name}", "n/a", "shows only in a run on GPUs (2 GPUs or more)")
-                continue
-            script = Path(folder) / f"{name}.py"
-            script.write_text(mistake.apply(SOLUTION.read_text()))  # type: ignore[attr-defined]
-            (result,) = api.check_steps([mistake.step], script, fresh=True, quiet=True)  # type: ignore[attr-defined]
-            caught = result.passed is False and mistake.expect in result.observed  # type: ignore[attr-defined]
-            report.row(f"mistake {name} (Step {result.step})", "pass" if caught else "FAIL",
-                       ("caught: " if caught else "NOT caught: ") + result.observed)
+        junit = Path(folder) / "junit.xml"
+        cmd = [processes.PYTHON, "-m", "pytest", GPU_TESTS, "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+               "-o", "junit_logging=system-out", f"--junitxml={junit}"]
+        result = processes.run(cmd, cwd=REPO, timeout=GPU_TESTS_LIMIT)
+        rows = junit_rows(junit.read_text()) if junit.is_file() else []
+    for what, verdict, detail in rows:
+        report.row(what, verdict, detail)
+    if not rows:
+        tail = " ".join(result.output.split()[-60:])
+        ended = "time limit" if result.timed_out else f"exit status {result.returncode}"
+        report.row(GPU_TESTS, "FAIL", f"no test ran ({ended}): {tail}")
+
+
+def junit_rows(junit_xml: str) -> list[tuple[str, str, str]]:
+    """(test, verdict, detail) of each test case in pytest's JUnit XML: a skip is `n/a` with its reason,
+    a failure or error `FAIL` with its message's first line, a pass `pass` with the last line it printed."""
+    rows = []
+    for case in ElementTree.fromstring(junit_xml).iter("testcase"):
+        name = case.get("name", "?")
+        skipped = case.find("skipped")
+        failed = next((e for e in (case.find("failure"), case.find("error")) if e is not None), None)
+        printed = [line for e in case.findall("system-out") for line in (e.text or "").splitlines()
+                   if line.strip() and not line.startswith("---")]
+        if skipped is not None:
+            rows.append((name, "n/a", skipped.get("message", "")))
+        elif failed is not None:
+            first = (failed.get("message") or failed.text or "").strip().splitlines()[:1]
+            rows.append((name, "FAIL", (first[0] if first else "").removeprefix("AssertionError: ")
+                         .removeprefix("Failed: ")))
+        else:
+            rows.append((name, "pass", printed[-1] if printed else ""))
+    return rows
 
 
 def notebooks(report: Report) -> None:

@@ -6,49 +6,49 @@ every exercise written in another style (tests/exercise_styles.py), each checked
 its test asks about. A recording holds the script it was made from, so a test can say
 when a file changed since and the recording must be made again.
 
-    python -m autograde.tools.record_runs            # everything (about 25 minutes on 2 cores)
-    python -m autograde.tools.record_runs solution no_set_epoch
+Run it as a script, from the repository's root (it finds its files from its own place):
+
+    .venv/bin/python tests/record_runs.py            # everything (about 25 minutes on 2 cores)
+    .venv/bin/python tests/record_runs.py solution no_set_epoch
+
+It is the tests' tool, not the package's: it imports tests/mistakes.py and tests/exercise_styles.py
+as its neighbours (run as a script, its folder comes first on sys.path; under pytest, conftest's).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from autograde import course, paths, registry
-from autograde.checker import judge
-from autograde.checker.runs import Workspace
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(1, str(HERE.parent))  # the package, where .venv does not name it (a fresh clone)
 
-OUT = paths.REPO / "tests" / "recorded"
+import exercise_styles  # noqa: E402
+import mistakes as catalogue  # noqa: E402
+from autograde import course, paths, registry  # noqa: E402
+from autograde.checker import judge  # noqa: E402
+from autograde.checker.runs import Workspace  # noqa: E402
+
+OUT = HERE / "recorded"
+COMMAND = ".venv/bin/python tests/record_runs.py"  # from the repository's root, as the tests' messages say
 LAB_STEPS = registry.LAB_STEPS
 GRADED = [i.id for i in registry.ITEMS if i.graded and i.part == registry.LAB]
 EXERCISES = [i for i in registry.ITEMS if i.part != registry.LAB and not i.needs_gpu]  # GPU-only: n/a here
 
 
-STYLES = paths.REPO / "tests" / "styles"
+STYLES = HERE / "styles"
 ORIGINAL_LAB = STYLES / "original_lab.py"
 
 
-def _tests_module(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"ddp_lab_{name}", paths.REPO / "tests" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-def mistakes() -> dict[str, tuple[Any, Path]]:
+def mistakes() -> dict[str, tuple[catalogue.Mistake, Path]]:
     """Every catalogued mistake by recording name, with the correct file it is made in: the
     lab's in the course's solution (its own name) and in the original lab's style ("original_" +
     name), an exercise's in the exercise's solution."""
-    module = _tests_module("mistakes")
-    return {**{m.name: (m, paths.SOLUTION) for m in module.MISTAKES},
-            **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in module.ORIGINAL_LAB_MISTAKES},
-            **{m.name: (m, paths.REPO / str(registry.item(m.step).checkpoint)) for m in module.EXERCISE_MISTAKES}}
+    return {**{m.name: (m, paths.SOLUTION) for m in catalogue.MISTAKES},
+            **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in catalogue.ORIGINAL_LAB_MISTAKES},
+            **{m.name: (m, paths.REPO / str(registry.item(m.step).checkpoint)) for m in catalogue.EXERCISE_MISTAKES}}
 
 
 def exercise_files() -> dict[str, tuple[Path, str]]:
@@ -60,8 +60,8 @@ def exercise_files() -> dict[str, tuple[Path, str]]:
 
 def styles() -> dict[str, tuple[str, str]]:
     """Each exercise style ("style_<file>": it passes) as the whole learner file, with its item."""
-    module = _tests_module("exercise_styles")
-    return {f"style_{s.stem}": (module.learner_file(s), module.item_of(s)) for s in module.STYLES}
+    return {f"style_{s.stem}": (exercise_styles.learner_file(s), exercise_styles.item_of(s))
+            for s in exercise_styles.STYLES}
 
 
 def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
@@ -81,6 +81,11 @@ def lab_files() -> dict[str, Path]:
     """The starter and the checkpoints by name: each passes its steps and fails the next."""
     return {"starter": paths.STARTER, **{f"after_step_{n}": paths.SOLUTIONS / f"fashion_mnist_after_step_{n}.py"
                                          for n in range(10)}, "solution": paths.SOLUTION}
+
+
+def names() -> list[str]:
+    """Every recording this recorder makes, by name (tests/recorded/<name>.json.gz), in its order."""
+    return [*lab_files(), *exercise_files(), *mistakes(), *styles(), *lab_styles()]
 
 
 def steps_after(name: str) -> list[str]:
@@ -109,19 +114,19 @@ def record(name: str, script: Path, steps: list[str], procs_per_node: int = 2, n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograde.tools.record_runs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tests/record_runs.py", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("names", nargs="*", help="what to record (default: everything)")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    files, exercises, catalogue, written = lab_files(), exercise_files(), mistakes(), styles()
+    files, exercises, made_in, written = lab_files(), exercise_files(), mistakes(), styles()
     lab_written = lab_styles()
-    everything = [*files, *exercises, *catalogue, *written, *lab_written]
-    names = args.names or everything
-    unknown = [n for n in names if n not in everything]
+    everything = names()
+    chosen = args.names or everything
+    unknown = [n for n in chosen if n not in everything]
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)} (choose from {', '.join(everything)})")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
+        for name in chosen:
             if name in files:
                 record(name, files[name], steps_after(name))
             elif name in exercises:
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 script.write_text(text)
                 record(name, script, same_file(item))
             else:
-                mistake, correct = catalogue[name]
+                mistake, correct = made_in[name]
                 script = Path(tmp) / f"fashion_mnist{Path(registry.item(mistake.step).file).suffix}"
                 script.write_text(mistake.apply(correct.read_text()))
                 record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index))

@@ -107,7 +107,7 @@ synthetic-data: setup
 	$(PY) -m autograde.data synthetic --root $(SYNTHETIC_DIR)
 
 # The nbgrader course (docs/instructors.md). FROM: the commit to release (default HEAD; FROM=files: the
-# files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course/__init__.py:
+# files as they are). EXCHANGE: nbgrader's exchange folder, Exchange.root (default in autograde/course/assignment.py:
 # /usr/local/share/nbgrader/exchange). NBGRADER_ARGS: more options for nbgrader's exchange commands.
 # PART: the part of the course, an assignment of its own (default ddp_lab; processes_talk, launching).
 FROM ?=

@@ -27,7 +27,8 @@ if str(HERE.parent) not in sys.path:
 
 import exercise_styles  # noqa: E402
 import mistakes as catalogue  # noqa: E402
-from autograde import course, paths, registry  # noqa: E402
+from autograde import paths, registry  # noqa: E402
+from autograde.course import assignment
 from autograde.checker import judge  # noqa: E402
 from autograde.checker.runs import Workspace  # noqa: E402
 
@@ -72,7 +73,7 @@ def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
     found: dict[str, tuple[Path, list[str], int, int]] = {}
     for path in sorted(STYLES.glob("*.py")):
         found[f"lab_style_{path.stem}"] = (path, LAB_STEPS, 2, 2)
-        for name, (steps, layout) in course.hidden_layouts().items():
+        for name, (steps, layout) in assignment.hidden_layouts().items():
             found[f"lab_style_{path.stem}_{name}"] = (path, steps, layout.procs_per_node, layout.nodes)
     return found
 

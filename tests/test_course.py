@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autograde import course, processes, registry
+from autograde import processes, registry
+from autograde.course import assignment, cli, grading, nbgrader_run
 from conftest import ROOT, snapshot
 
 LAB = registry.PART[registry.LAB]
@@ -56,12 +57,12 @@ def test_every_graded_step_has_one_grade_cell_with_its_points() -> None:
     assert {nb.stem for nb in notebooks if cells(nb)} == {n for p in registry.PARTS for n in p.graded_notebooks}
     found = [c for nb in notebooks for c in cells(nb)]
     points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in found}
-    assert points == {course.grade_id(i.id): i.points for i in registry.ITEMS if i.graded}
+    assert points == {assignment.grade_id(i.id): i.points for i in registry.ITEMS if i.graded}
 
 
 def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
     for grade_id, source in grade_cells(ROOT / "notebooks").items():
-        step = course.step_of(grade_id)
+        step = assignment.step_of(grade_id)
         assert "HIDDEN TESTS" not in source and "procs_per_node" not in source, grade_id
         argument = step if step.isdigit() else f'"{step}"'
         assert source.splitlines()[-1] == f"autograde.assert_step({argument})"
@@ -71,16 +72,16 @@ def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
 def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -> None:
     source = grade_cells(course_dir / "source" / registry.LAB)
     for step in POINTS:
-        cell = source[course.grade_id(step)]
-        if step in course.HIDDEN_TESTS:
-            assert cell.endswith("\n" + course.hidden_test_block(step))
+        cell = source[assignment.grade_id(step)]
+        if step in assignment.HIDDEN_TESTS:
+            assert cell.endswith("\n" + assignment.hidden_test_block(step))
         else:
             assert "HIDDEN TESTS" not in cell
     assert "autograde.assert_step(5, procs_per_node=1, nodes=3)" in source["step_5"]
     assert "autograde.assert_step(4, procs_per_node=3, nodes=1)" in source["step_4"]
     released = grade_cells(course_dir / "release" / registry.LAB)
     assert released == {k: v for k, v in grade_cells(ROOT / "notebooks").items()  # the student version: what
-                        if registry.item(course.step_of(k)).part == LAB.id}      # learners ran
+                        if registry.item(assignment.step_of(k)).part == LAB.id}      # learners ran
 
 
 @pytest.mark.launch
@@ -93,8 +94,8 @@ def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
 @pytest.mark.launch
 def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDP_LAB_COURSE_DIR", str(course_dir))
-    assert course.grades(course_dir / "grades.csv") == {STUDENT: sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))}
-    (outcome,) = course.outcomes()
+    assert grading.grades(course_dir / "grades.csv") == {STUDENT: sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))}
+    (outcome,) = grading.outcomes()
     assert outcome.lost == ["6", "6.5", "7", "8", "9", "10"]
     graded = course_dir / "autograded" / STUDENT / registry.LAB / "fashion_mnist.py"
     assert graded.read_text() == SCRIPT.read_text(), "the learner's script was replaced"
@@ -136,8 +137,8 @@ def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path)
     committed = (clone / "fashion_mnist.py").read_text()
     (clone / "fashion_mnist.py").write_text(committed + "import torch.distributed as dist  # a half-done Step 0\n")
     shutil.copy(clone / "notebooks/03_steps_0_to_2.ipynb", clone / "notebooks/09_draft.ipynb")
-    built = course.build_source(clone)
-    source = course.root() / "source" / registry.LAB
+    built = assignment.build_source(clone)
+    source = assignment.root() / "source" / registry.LAB
     assert (source / "fashion_mnist.py").read_text() == committed
     assert not (source / "09_draft.ipynb").exists()
     commit = git(clone, "rev-parse", "--short=7", "HEAD").strip()
@@ -149,8 +150,8 @@ def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path)
 @pytest.mark.launch
 def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:
     (clone / "fashion_mnist.py").write_text("# edited\n")
-    built = course.build_source(clone, course.WORKING_COPY)
-    assert (course.root() / "source" / registry.LAB / "fashion_mnist.py").read_text() == "# edited\n"
+    built = assignment.build_source(clone, assignment.WORKING_COPY)
+    assert (assignment.root() / "source" / registry.LAB / "fashion_mnist.py").read_text() == "# edited\n"
     assert "as they are" in built.origin
 
 
@@ -159,9 +160,9 @@ def test_release_outside_a_git_checkout_says_what_to_do(clone: Path, monkeypatch
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     shutil.rmtree(clone / ".git")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(clone.parent))  # no repository above it either
-    monkeypatch.setattr(course, "REPO", clone)
+    monkeypatch.setattr(assignment, "REPO", clone)
     with pytest.raises(SystemExit) as exit_status:
-        course.main(["release"])
+        cli.main(["release"])
     assert exit_status.value.code == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line == (f"error: {clone} is not a git checkout: `make release` builds from a commit; "
@@ -173,14 +174,14 @@ def test_hidden_tests_written_into_a_notebook_are_refused(clone: Path) -> None:
     path = clone / "notebooks/04_steps_3_to_5.ipynb"
     notebook = json.loads(path.read_text())
     (cell,) = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "step_4"]
-    cell["source"] = "".join(cell["source"]) + "\n" + course.hidden_test_block("4")
+    cell["source"] = "".join(cell["source"]) + "\n" + assignment.hidden_test_block("4")
     path.write_text(json.dumps(notebook, indent=1))
-    with pytest.raises(course.CourseError, match="step_4 has hidden tests of its own: they belong in"):
-        course.build_source(clone, course.WORKING_COPY)
+    with pytest.raises(assignment.CourseError, match="step_4 has hidden tests of its own: they belong in"):
+        assignment.build_source(clone, assignment.WORKING_COPY)
 
 
 def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
-    log = course.LogFilter()
+    log = nbgrader_run.LogFilter()
     log.released = {"step_4": "aaa", "step_3": "ccc"}
     checksum = "[AutogradeApp | WARNING] Attribute 'checksum' for cell {} has changed! (should be: bbb, got: {})\n"
     lines = {
@@ -219,7 +220,7 @@ def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) 
         if item.part == part.id:
             shutil.copy(ROOT / str(item.checkpoint), folder / item.file)
     make("grade", tmp_path, 1200, f"PART={part.id}")
-    assert course.grades(tmp_path / "grades.csv", part.id) == {
+    assert grading.grades(tmp_path / "grades.csv", part.id) == {
         "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}
     executed = sorted((tmp_path / "autograded" / "solved" / part.id).glob("*.ipynb"))
     assert [nb.stem for nb in executed] == sorted(part.graded_notebooks)

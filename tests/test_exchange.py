@@ -26,7 +26,8 @@ import pytest
 from nbgrader.validator import Validator
 from traitlets.config import Config
 
-from autograde import course, processes, registry
+from autograde import processes, registry
+from autograde.course import assignment, grading
 from conftest import ROOT, SOLUTION, snapshot
 
 pytestmark = pytest.mark.launch  # every test here starts processes
@@ -55,7 +56,7 @@ class Learner:
 
     def nbgrader(self, *args: str, exchange: Path) -> str:
         """A learner's nbgrader command, as docs/instructors.md gives it (the course's venv on PATH)."""
-        cmd = ["nbgrader", *args, registry.LAB, f"--course={course.COURSE_ID}", f"--Exchange.root={exchange}",
+        cmd = ["nbgrader", *args, registry.LAB, f"--course={assignment.COURSE_ID}", f"--Exchange.root={exchange}",
                f"--student={self.name}"]
         result = processes.run(cmd, cwd=self.work, timeout=120,
                             env={"HOME": str(self.home), "JUPYTER_DATA_DIR": str(self.home / ".local/share/jupyter")})
@@ -108,7 +109,7 @@ def text(fragment: str) -> str:
 def test_the_exchange_hands_out_the_committed_starter(graded: Course) -> None:
     committed = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:./fashion_mnist.py"],
                                capture_output=True, text=True, check=True).stdout
-    released = graded.exchange / course.COURSE_ID / "outbound" / registry.LAB
+    released = graded.exchange / assignment.COURSE_ID / "outbound" / registry.LAB
     assert (released / "fashion_mnist.py").read_text() == committed
     assert not any("HIDDEN TESTS" in nb.read_text() or "procs_per_node" in nb.read_text()
                    for nb in released.glob("*.ipynb"))
@@ -135,7 +136,7 @@ def test_collect_files_each_submission_under_its_learner(graded: Course) -> None
 
 
 def test_scores_from_the_export(graded: Course) -> None:
-    assert course.grades(graded.root / "grades.csv") == {"alice": POINTS, "bob": BOB} and BOB == 8
+    assert grading.grades(graded.root / "grades.csv") == {"alice": POINTS, "bob": BOB} and BOB == 8
 
 
 def test_grade_prints_the_scores_and_the_steps_lost(graded: Course) -> None:
@@ -152,7 +153,7 @@ def test_grade_leaves_known_harmless_warnings_out(graded: Course) -> None:
     # grade cells of Steps 4, 5, 6, 8 and 9
     (said,) = [line for line in log.splitlines() if line.startswith("(left out of the log above as harmless")
                and "hidden tests" in line]
-    assert f"{2 * len(course.HIDDEN_TESTS)} grade cells restored with their hidden tests" in said
+    assert f"{2 * len(assignment.HIDDEN_TESTS)} grade cells restored with their hidden tests" in said
 
 
 def test_the_learners_fetch_their_own_feedback_with_their_scores(graded: Course) -> None:

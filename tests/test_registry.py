@@ -74,6 +74,6 @@ def test_the_command_line_and_the_notebooks_know_the_same_ids() -> None:
 
 def test_a_grade_cell_id_names_its_item_both_ways() -> None:
     """Ids with dots (6.5) and underscores (lr_scaling) alike: grading reads the item back from the cell."""
-    from autograde import course
+    from autograde.course import assignment
 
-    assert all(course.step_of(course.grade_id(i.id)) == i.id for i in ITEMS)
+    assert all(assignment.step_of(assignment.grade_id(i.id)) == i.id for i in ITEMS)

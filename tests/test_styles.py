@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torchvision.datasets import FashionMNIST
 from torchvision.transforms import ToTensor
 
-from autograde import course, processes, registry
+from autograde import processes, registry
+from autograde.course import assignment
 from autograde.checker import api
 from autograde.checker.verdicts import Result
 from conftest import PROBE, QUICK, TRAIN_SIZE, run_script
@@ -195,7 +196,7 @@ def test_checker_passes_every_step(path: Path) -> None:
         pytest.fail("\n".join(failures(results)), pytrace=False)
 
 
-HIDDEN = course.hidden_layouts()  # the graders' hidden tests, by layout
+HIDDEN = assignment.hidden_layouts()  # the graders' hidden tests, by layout
 
 
 @pytest.mark.launch

@@ -1,6 +1,6 @@
-"""`python -m autograde.course release|grade|...`: see autograde/course/__init__.py."""
+"""`python -m autograde.course release|grade|...`: see autograde/course/cli.py."""
 import sys
 
-from autograde.course import main
+from autograde.course.cli import main
 
 sys.exit(main())

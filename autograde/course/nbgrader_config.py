@@ -7,14 +7,14 @@ autograded/, feedback/), gradebook.db and grades.csv are kept in the repository'
 
 The exchange (Exchange.root) is not set here: the exchange targets (`make release-exchange`,
 `make collect`, `make return-feedback`) pass --Exchange.root from EXCHANGE, and the learners, whose
-nbgrader never reads this file, name it on their own command line (README, Instructors).
+nbgrader never reads this file, name it on their own command line (docs/instructors.md).
 """
 import os
 from pathlib import Path
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821 (nbgrader provides it)
 
-c.CourseDirectory.course_id = "ddp-lab"  # autograde/course/__init__.py's COURSE_ID; learners pass --course=ddp-lab
+c.CourseDirectory.course_id = "ddp-lab"  # autograde/course/assignment.py's COURSE_ID; learners pass --course=ddp-lab
 c.CourseDirectory.root = os.environ.get("DDP_LAB_COURSE_DIR") or str(Path(__file__).resolve().parents[2] / "grading")
 # The learner's work is the files they edit (fashion_mnist.py, exercises/...): without this,
 # autograding silently replaces them with the starters from source/ and every submission is

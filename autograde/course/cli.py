@@ -1,0 +1,39 @@
+"""`python -m autograde.course release|grade|release-exchange|collect|return-feedback`: the
+Makefile's instructor targets."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from autograde import registry
+from autograde.course.assignment import EXCHANGE_DEFAULT, WORKING_COPY, CourseError
+from autograde.course.grading import EXCHANGE_COMMANDS, exchange, grade, release
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograde.course", description="The DDP Lab's nbgrader course.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    make_release = commands.add_parser("release", help="build source/ from a commit and the student version release/")
+    make_release.add_argument("--from", dest="rev", default="HEAD", metavar="REV",
+                              help=f"the commit to release (default HEAD); '{WORKING_COPY}': the files as they are")
+    make_grade = commands.add_parser("grade", help="autograde submitted/, write feedback/, export grades.csv")
+    subcommands = [make_release, make_grade]
+    for name, nbgrader_command in EXCHANGE_COMMANDS.items():
+        sub = commands.add_parser(name, help=f"nbgrader {nbgrader_command} through the exchange")
+        subcommands.append(sub)
+        sub.add_argument("--exchange", default=os.environ.get("DDP_LAB_EXCHANGE") or EXCHANGE_DEFAULT,
+                         help=f"the exchange folder, nbgrader's Exchange.root (default {EXCHANGE_DEFAULT})")
+        sub.add_argument("nbgrader_args", nargs="*", help="more options for nbgrader, after --, e.g. -- --force")
+    for sub in subcommands:
+        sub.add_argument("--part", default=registry.LAB, choices=list(registry.PART),
+                         help=f"the part of the course, an assignment of its own (default {registry.LAB})")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "release":
+            release(args.rev, args.part)
+        elif args.command == "grade":
+            grade(args.part)
+        else:
+            exchange(EXCHANGE_COMMANDS[args.command], args.exchange, args.nbgrader_args, args.part)
+    except CourseError as err:
+        parser.exit(1, f"error: {err}\n")
+    return 0

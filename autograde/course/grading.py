@@ -1,0 +1,112 @@
+"""Release, grade and hand back a part with nbgrader: `release` builds the source assignment and
+nbgrader's student version, `grade` autogrades every submission's graded notebooks, writes
+feedback, exports grades.csv and sums each learner's score, and `exchange` runs nbgrader's exchange
+commands (release_assignment, collect, release_feedback) on a shared machine."""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from autograde import registry
+from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, root, step_of
+from autograde.course.nbgrader_run import nbgrader
+
+def release(rev: str = "HEAD", part: str = registry.LAB) -> Path:
+    """Build the part's source assignment from `rev` and generate the student version; return its folder."""
+    built = build_source(rev=rev, part=part)
+    notebooks = sum(p.startswith(f"{NOTEBOOKS}/") for p in built.files)
+    print(f"releasing {part} from {built.origin}: {notebooks} notebooks, {', '.join(registry.PART[part].files)}")
+    for note in built.notes:
+        print(note)
+    nbgrader("generate_assignment", part, "--force")
+    released = root() / "release" / part
+    print(f"student version: {released} (hand it out, or `make release-exchange` on a shared machine)")
+    return released
+
+
+def grades(path: Path, part: str = registry.LAB) -> dict[str, float]:
+    """Each student's total score for the part in the exported CSV."""
+    with path.open(newline="") as handle:
+        return {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(handle)
+                if row["assignment"] == part}
+
+
+@dataclass
+class Outcome:
+    student: str
+    score: float
+    max_score: float
+    lost: list[str]  # the steps with fewer points than they are worth, in step order
+
+
+def outcomes(part: str = registry.LAB) -> list[Outcome]:
+    """Each graded student's score for the part and the items lost, from the gradebook."""
+    from nbgrader.api import Gradebook  # only where grading happens
+
+    database = root() / "gradebook.db"
+    if not database.is_file():  # nbgrader would make an empty one
+        raise CourseError(f"no gradebook at {database}: run `make grade` first")
+    found = []
+    with Gradebook(f"sqlite:///{database}") as gradebook:
+        for submission in gradebook.assignment_submissions(part):
+            cells = [g for nb in submission.notebooks for g in nb.grades]
+            lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=registry.STEPS.index)
+            found.append(Outcome(submission.student_id, submission.score, submission.max_score, lost))
+    return sorted(found, key=lambda o: o.student)
+
+
+def summary(results: Sequence[Outcome]) -> str:
+    """A line per student: the score and the steps that lost points (feedback/ says why)."""
+    width = max([len("student"), *(len(o.student) for o in results)])
+    lines = [f"{'student':<{width}}  {'score':>7}  steps lost"]
+    for o in results:
+        lines.append(f"{o.student:<{width}}  {f'{o.score:g}/{o.max_score:g}':>7}  {' '.join(o.lost) or 'none'}")
+    return "\n".join(lines)
+
+
+def grade(part: str = registry.LAB) -> Path:
+    """Autograde every submission of the part, write feedback, export grades.csv, print the scores;
+    return the CSV."""
+    submitted = root() / "submitted"
+    students = sorted(p.parent.name for p in submitted.glob(f"*/{part}"))
+    if not students:
+        raise CourseError(f"no submissions: put each in {submitted}/<student>/{part}/ "
+                          f"(`make collect` does from the exchange)")
+    if not (root() / "source" / part).is_dir():
+        raise CourseError("no source assignment: run `make release` first")
+    # Only the step notebooks hold grade cells; running the others (training runs, plots) adds
+    # minutes per learner and no points.
+    print(f"autograding {len(students)} submission(s): {', '.join(students)} (minutes each: every check runs the script)")
+    nbgrader("autograde", part, f"--notebook={registry.PART[part].graded}", "--force")
+    nbgrader("generate_feedback", part, "--force")
+    export = root() / "grades.csv"
+    nbgrader("export", f"--to={export}")
+    print(summary(outcomes(part)))
+    print(f"grades: {export}; feedback: {root() / 'feedback'}/<student>/{part}/ "
+          f"(`make return-feedback` hands it back through the exchange)")
+    return export
+
+
+def exchange_root(path: str) -> str:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CourseError(f"no exchange folder {folder}: create it, writable by everyone "
+                          f"(sudo mkdir -p {folder} && sudo chmod 777 {folder}), or choose another: EXCHANGE=/path")
+    return str(folder.resolve())
+
+
+def exchange(command: str, exchange_dir: str, extra: Sequence[str] = (), part: str = registry.LAB) -> None:
+    """release_assignment, collect or release_feedback through nbgrader's exchange at `exchange_dir`."""
+    where = exchange_root(exchange_dir)
+    if command == "release_assignment" and not (root() / "release" / part).is_dir():
+        raise CourseError("no student version to hand out: run `make release` first")
+    if command == "release_feedback" and not any((root() / "feedback").glob(f"*/{part}/*.html")):
+        raise CourseError("no feedback to hand back: run `make grade` first")
+    nbgrader(command, part, f"--Exchange.root={where}", *extra, log_level="INFO")
+    if command == "collect":
+        print(f"submissions: {root() / 'submitted'}/<student>/{part}/ (next: `make grade`)")
+
+
+EXCHANGE_COMMANDS = {"release-exchange": "release_assignment", "collect": "collect", "return-feedback": "release_feedback"}

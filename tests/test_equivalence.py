@@ -9,7 +9,7 @@ from conftest import ROOT, run_script
 
 pytestmark = pytest.mark.launch  # every test here starts processes
 
-SCRIPT = ROOT / "exercises" / "big_batch_equivalence.py"
+SCRIPT = ROOT / "demos" / "big_batch_equivalence.py"
 
 
 def difference(*args: str) -> float:

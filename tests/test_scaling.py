@@ -155,7 +155,7 @@ def test_speed_fixes_counts_all_reduces_and_writes_a_trace(stand_in: Path, tmp_p
     def timed(*options: object) -> dict:
         result = again_on_gloo_fault(lambda: processes.run(
             [processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             ROOT / "solutions" / "speed_fixes.py", "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "16",
+             ROOT / "demos" / "speed_fixes.py", "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "16",
              "--steps", "3", "--warmup-steps", "1", "--accumulate", "2", *options], timeout=180,
             env={"OMP_NUM_THREADS": "1"}))
         assert result.returncode == 0, result.output[-2000:]

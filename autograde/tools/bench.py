@@ -72,7 +72,7 @@ def _alternating(first: Callable[[int], float], second: Callable[[int], float]) 
 
 def _fixes_rate(data_dir: Path, *options: str) -> float:
     result = processes.run([processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                         ROOT / "solutions" / "speed_fixes.py", "--data-dir", data_dir, "--widen-factor", "1",
+                         ROOT / "demos" / "speed_fixes.py", "--data-dir", data_dir, "--widen-factor", "1",
                          "--steps", str(STEPS), "--warmup-steps", str(WARMUP), *options],
                         timeout=300, env={"OMP_NUM_THREADS": "1"})
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]

@@ -69,7 +69,7 @@ def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
     """Each correct lab script in another style (tests/styles/*.py), with the items its recording
     checks and the layout (processes per node, nodes): "lab_style_<name>", every step in the
     default layout; "lab_style_<name>_<nodes>x<procs>", the steps the graders' hidden tests check
-    in that layout (autograde/course/, HIDDEN_TESTS)."""
+    in that layout (each item's `hidden` layouts in autograde/registry.py)."""
     found: dict[str, tuple[Path, list[str], int, int]] = {}
     for path in sorted(STYLES.glob("*.py")):
         found[f"lab_style_{path.stem}"] = (path, LAB_STEPS, 2, 2)

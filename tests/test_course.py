@@ -1,6 +1,6 @@
 """The nbgrader course without the exchange (tests/test_exchange.py goes through it, grading the
 finished solution and the same script done through Step 5, whose verdicts this module's grading
-keeps): the grade cells and their points, the hidden tests kept in autograde/course/ and added
+keeps): the grade cells and their points, the hidden tests (the registry's `hidden` layouts) added
 only to the source assignment, releases built from a commit,
 `make grade`'s log, and a submission copied straight into submitted/ (files handed in on a
 learning platform): a script done through Step 5 gets Steps 0-5's points."""

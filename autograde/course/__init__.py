@@ -2,18 +2,18 @@
 exchange targets hand it out and back on a shared machine (a JupyterHub).
 
 One source of truth: the source assignment (source/<part>/) is built afresh every time from a
-commit (HEAD unless told otherwise): its notebooks/, the starter fashion_mnist.py and the
-exercises it uses, never from a working copy an instructor may have tried the lab in. The
-graders' hidden tests live in autograde/registry.py (each item's `hidden`), not in notebooks/ (which learners of
-the repository run): the release writes them into the grade cells of source/ only, and nbgrader
-writes the student version (release/ddp_lab/) without them. Grading autogrades the step notebooks
-of every submission in submitted/<student>/ddp_lab/, writes feedback, exports grades.csv and
-prints each learner's score and the steps lost.
+commit (HEAD unless told otherwise): its notebooks/ and the learner's files its items read,
+never from a working copy an instructor may have tried the lab in. The graders' hidden tests live
+in autograde/registry.py (each item's `hidden`), not in notebooks/ (which learners of the
+repository run): the release writes them into the grade cells of source/ only, and nbgrader
+writes the student version (release/<part>/) without them. Grading autogrades the graded
+notebooks of every submission in submitted/<student>/<part>/, writes feedback, exports grades.csv
+and prints each learner's score and the steps lost.
 
 The course root (gradebook, source/, release/, submitted/, autograded/, feedback/, grades.csv)
-is grading/ in the repository, git-ignored (or $DDP_LAB_COURSE_DIR); nbgrader always runs in autograde/course/,
-the only place it reads nbgrader_config.py from. Grading runs the notebooks in quick mode
-(DDP_LAB_QUICK=1): the training runs of the ungraded cells are tiny, the checks are not.
+is grading/ in the repository, git-ignored (or $DDP_LAB_COURSE_DIR); nbgrader always runs in
+autograde/course/, the only place it reads nbgrader_config.py from. Grading runs the notebooks in
+quick mode (DDP_LAB_QUICK=1): the training runs of the ungraded cells are tiny, the checks are not.
 
     python -m autograde.course release [--from REV|files] [--part PART]
     python -m autograde.course grade [--part PART]

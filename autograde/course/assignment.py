@@ -20,8 +20,6 @@ HERE = Path(__file__).resolve().parent  # nbgrader runs here: it reads nbgrader_
 GRADING = REPO / "grading"  # the course's generated folders, git-ignored: see root()
 COURSE_ID = "ddp-lab"  # as in nbgrader_config.py; the learners' nbgrader commands name it with --course
 NOTEBOOKS = "notebooks"
-# Each part of the course (autograde/registry.py's PARTS) is an nbgrader assignment of its own,
-# named by the part's id: its notebooks, and the learner's files its items read.
 WORKING_COPY = "files"  # `--from files`: build from the files as they are (outside a git checkout)
 # nbgrader's own default exchange, the one a learner's nbgrader (and JupyterLab's Assignments tab)
 # uses when nothing configures another: `make ... EXCHANGE=/path` or --exchange chooses one.
@@ -165,8 +163,3 @@ def build_source(repo: Path | None = None, rev: str = "HEAD", part: str = regist
     if unplaced:
         raise CourseError(f"HIDDEN_TESTS names step(s) {', '.join(unplaced)}, but no notebook has their grade cell")
     return release
-
-
-# --- running nbgrader ------------------------------------------------------------------------------
-
-# Known-harmless lines of nbgrader's log, left out of what the course commands print (and counted).

@@ -9,6 +9,7 @@ from autograde import registry
 from autograde.course.assignment import EXCHANGE_DEFAULT, WORKING_COPY, CourseError
 from autograde.course.grading import EXCHANGE_COMMANDS, exchange, grade, release
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde.course", description="The DDP Lab's nbgrader course.")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -13,6 +13,7 @@ from autograde import registry
 from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, root, step_of
 from autograde.course.nbgrader_run import nbgrader
 
+
 def release(rev: str = "HEAD", part: str = registry.LAB) -> Path:
     """Build the part's source assignment from `rev` and generate the student version; return its folder."""
     built = build_source(rev=rev, part=part)

@@ -9,6 +9,7 @@ import re
 from autograde import processes
 from autograde.course.assignment import HERE, HIDDEN_TESTS, CourseError, root, step_of
 
+# Known-harmless lines of nbgrader's log, left out of what the course commands print (and counted).
 HARMLESS = {
     "sqlalchemy": re.compile(r"^\S+\.py:\d+: \w*(SAWarning|SADeprecationWarning|MovedIn20Warning): "),
     "tcp": re.compile(r"Kernel is running over TCP without encryption"),
@@ -98,5 +99,3 @@ def nbgrader(*args: str, log_level: str = "WARN") -> str:
         raise CourseError(f"nbgrader {args[0]} failed (exit status {proc.returncode}): {last}")
     return "".join(seen)
 
-
-# --- the commands ----------------------------------------------------------------------------------

@@ -207,9 +207,14 @@ class Family(StrEnum):
     HANG = "hang"
 
 
-def family(run_key: str) -> Family:
+def run_key(family: Family, which: str) -> str:
+    """The key a run is kept under: `<family>/<which>` (`pi/3`)."""
+    return f"{family}/{which}"
+
+
+def family(key: str) -> Family:
     """The family of a run made (`pi/3` -> `pi`)."""
-    return Family(run_key.split("/")[0])
+    return Family(key.split("/")[0])
 
 
 RUN_NAMES = {Family.SETUP: "setup run", Family.WORKERS: "workers run", Family.PROGRAM: "program run",
@@ -290,7 +295,7 @@ class Workspace:
         together (one per simulated node), traced: torchrun's agent and every worker it starts,
         restarts included. Made once per family and `which`, like `launched`. The workers use the CPU unless
         there are two GPUs or more (each node command then sees them all)."""
-        key = f"{family}/{which}"
+        key = run_key(family, which)
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
             commands = [[processes.PYTHON, "-m", "torch.distributed.run", *options, str(self.script), *argv]
@@ -314,10 +319,9 @@ class Workspace:
     def once(self, family: Family, which: str, label: str, command: list[str], argv: list[str],
              env: dict[str, str] | None, reports: bool = False) -> Run:
         """`python COMMAND` (the run's `argv` is what a verdict shows), made once per family and
-        `which`: what
-        `launched` and `called` make, and any other command a check needs (the SLURM stand-in's
+        `which`: what `launched` and `called` make, and any other command a check needs (the SLURM stand-in's
         job, say). With `reports`, COMMAND takes `--out DIR` and the run's report is {"ranks": ...}."""
-        key = f"{family}/{which}"
+        key = run_key(family, which)
         if key not in self.__dict__:
             folder = self._folder(key.replace("/", "-"))
             out = ["--out", str(folder)] if reports else []

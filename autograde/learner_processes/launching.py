@@ -38,6 +38,12 @@ def _target(f: Any) -> str | None:
     return os.path.abspath(name) if isinstance(name, str) else None
 
 
+def _targeted(spec: str, count: int) -> bool:
+    """Whether a fault "<rank>:<n>" is meant for this process now: its rank, at its n-th step or
+    save (`count`), in the group's first life (a restarted group must be left to recover)."""
+    return bool(spec) and tracer.life() == 0 and [tracer.rank(), count] == [int(x) for x in spec.split(":")]
+
+
 def _trace_checkpoints() -> None:
     """torch.save, torch.load, os.replace and os.rename, traced: who wrote and read which file,
     when, and which temporary file became which checkpoint. Faults are injected here on request
@@ -56,8 +62,7 @@ def _trace_checkpoints() -> None:
         saves[0] += 1
         if os.environ.get(SLOW_SAVE):
             time.sleep(float(os.environ[SLOW_SAVE]))
-        tear = os.environ.get(TEAR_SAVE, "")
-        if tear and tracer.life() == 0 and [tracer.rank(), saves[0]] == [int(x) for x in tear.split(":")]:
+        if _targeted(os.environ.get(TEAR_SAVE, ""), saves[0]):
             buffer = io.BytesIO()
             original_save(obj, buffer, *args, **kwargs)
             half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
@@ -100,8 +105,7 @@ def _trace_checkpoints() -> None:
 
 
 def _kill_at_step(optimizer: Any) -> None:
-    kill = os.environ.get(KILL_AT_STEP, "")  # "<rank>:<step>": that rank is killed after that step
-    if kill and tracer.life() == 0 and [tracer.rank(), tracer.optimizer_steps()] == [int(x) for x in kill.split(":")]:
+    if _targeted(os.environ.get(KILL_AT_STEP, ""), tracer.optimizer_steps()):  # that rank, after that step
         tracer.emit("killed", steps=tracer.optimizer_steps())
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -113,6 +117,16 @@ def install() -> None:
         tracer.hook("optimizer_step", _kill_at_step)
 
 
+def _write_task_variables(folder: str) -> str:
+    """Write down this SLURM task's SLURM variables and the PyTorch variables it has, in
+    `folder/slurm-<task>.json`; the task's number."""
+    seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+    seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
+    task = os.environ.get("SLURM_PROCID", "0")
+    Path(folder, f"slurm-{task}.json").write_text(json.dumps(seen))
+    return task
+
+
 def slurm_task(script: str, out: str) -> None:
     """One task of the checker's job: run the learner's file as `__main__`; when it joins the
     group, write down the task's SLURM variables and the PyTorch variables it joins with
@@ -122,9 +136,7 @@ def slurm_task(script: str, out: str) -> None:
     traced = dist.init_process_group
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
-        seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
-        Path(out, f"slurm-{os.environ.get('SLURM_PROCID')}.json").write_text(json.dumps(seen))
+        _write_task_variables(out)
         return traced(*args, **kwargs)
 
     dist.init_process_group = init_process_group
@@ -138,11 +150,7 @@ PROBE_GROUP_TIMEOUT = 60.0  # seconds a probe task waits in init_process_group f
 
 def slurm_probe() -> None:
     """The checker's $TRAIN_SCRIPT for the learner's batch script (stdlib and torch only)."""
-    seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
-    seen.update({k: os.environ.get(k) for k in TORCH_VARIABLES})
-    task = os.environ.get("SLURM_PROCID", "0")
-    with open(os.path.join(os.environ[TRACE_DIR], "slurm-" + task + ".json"), "w") as out:
-        json.dump(seen, out)
+    task = _write_task_variables(os.environ[TRACE_DIR])
     if os.environ.get(SLURM_FAIL) and int(task) == int(os.environ.get("SLURM_NTASKS", "1")) - 1:
         sys.exit("the checker's probe: task " + task + " fails on purpose")
     import torch

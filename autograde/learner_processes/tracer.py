@@ -43,23 +43,22 @@ _script = ""
 _ddp: list["weakref.ref[Any]"] = []
 _moved: list["weakref.ref[Any]"] = []  # the first module moved with .to(): the model, before any DDP
 _val_datasets: set[int] = set()  # ids of validation data sets
-# Code loaded beside the tracer (the tests' probe, tests/probe) may act where it traces: see on().
-_listeners: dict[str, list[Callable[[], None]]] = {"validation": [], "optimizer_step": []}
-# A part's module (lab.py, talk.py, ...) acts at these points, with what each is given: see hook().
-_hooks: dict[str, list[Callable[..., None]]] = {"optimizer_step": [], "ddp": [], "group_started": [],
-                                                "group_ending": []}
+# What acts at the points the tracer reaches, in the order registered: a part's module (lab.py,
+# talk.py, ...), then code loaded beside the tracer (the tests' probe, tests/probe). See hook() and on().
+_hooks: dict[str, list[Callable[..., None]]] = {"optimizer_step": [], "validation": [], "ddp": [],
+                                                "group_started": [], "group_ending": []}
 _eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}
 
 
 def on(point: str, listener: Callable[[], None]) -> None:
-    """Call `listener` at `point`: "validation" (a validation loop starts: the epoch's training
-    is done) or "optimizer_step" (after each optimizer step; optimizer_steps() counts them)."""
-    _listeners[point].append(listener)
+    """Call `listener`, with nothing, at `point`: "validation" (a validation loop starts: the epoch's
+    training is done) or "optimizer_step" (after each optimizer step; optimizer_steps() counts them)."""
+    _hooks[point].append(lambda *_: listener())
 
 
 def hook(point: str, action: Callable[..., None]) -> None:
-    """Call `action` at `point`, before the listeners of on(): "optimizer_step" (given the optimizer,
-    after optimizer_steps() counted the step), "ddp" (given a new DistributedDataParallel model),
+    """Call `action` at `point`: "optimizer_step" (given the optimizer, after optimizer_steps()
+    counted the step), "validation" (no argument), "ddp" (given a new DistributedDataParallel model),
     "group_started" (given the frame that called init_process_group, once the group is up) and
     "group_ending" (no argument: destroy_process_group was called, the rank is still known)."""
     _hooks[point].append(action)
@@ -83,7 +82,7 @@ def _line() -> int | None:
     """The line of the learner's script that led to the current call, if any."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if _script and os.path.abspath(frame.f_code.co_filename) == _script:
+        if learner_frame(frame):
             return frame.f_lineno
         frame = frame.f_back
     return None
@@ -214,7 +213,7 @@ def _patch_waits(dist: Any) -> None:
 
     def traced(original: Callable[..., Any], count: Callable[..., int] = lambda *args: 1) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not _script or os.path.abspath(sys._getframe(1).f_code.co_filename) != _script:
+            if not learner_frame(sys._getframe(1)):
                 return original(*args, **kwargs)
             waited = count(*args, **kwargs)
             for _ in range(waited):
@@ -332,8 +331,8 @@ def _patch_data_loading() -> None:
         emit("loader_iter", loader=id(self), validation=validation)
         if validation:
             record_parameters("validation")  # after an epoch's training, before evaluating
-            for listener in _listeners["validation"]:
-                listener()
+            for action in _hooks["validation"]:
+                action()
             _eval_capture.update(active=True, logits=[], labels=[])
         samples = 0
         exhausted = False
@@ -379,8 +378,6 @@ def _count_step(optimizer: Any) -> None:
         emit("first_optimizer_step")
     for action in _hooks["optimizer_step"]:
         action(optimizer)
-    for listener in _listeners["optimizer_step"]:
-        listener()
 
 
 def optimizer_steps() -> int:

@@ -56,6 +56,9 @@ class Task(StrEnum):
     CALLS = "calls"              # plain functions called with JSON arguments, no group (parts scaling, launching)
     DDP = "ddp"                  # a hand-made DDP against one process on the whole batch (part inside)
     ZERO = "zero"                # a sharded optimizer against plain AdamW (part inside)
+    TENSOR_PARALLEL = "tensor_parallel"  # f, g and the tensor-parallel layers against unsplit ones (part inside)
+    TWO_D = "two_d"              # tensor parallel in groups, data parallel across them, against one process
+    STAGES = "stages"            # a pipeline schedule against the unsplit model (part inside)
 
 
 RING_SIZES = (12, 1001, 65537)  # 12 divides by 2, 3 and 4; 1001 and 65537 by none of them
@@ -76,6 +79,11 @@ SCENARIOS: dict[str, str] = {
 }
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")  # all_reduce(buffer, op=...) on the same buffers
 ZERO_STEPS = 3  # optimizer steps of the sharded optimizer's run
+# Model parallelism (learner_processes/inside_model_parallel.py): the cases of a tensor_parallel run, in
+# the order they are tried and judged (Megatron's f and g first: the layers are made of them)
+TENSOR_CASES = ("f", "g", "column", "row", "mlp")
+TENSOR_IN, TENSOR_HIDDEN = 12, 16  # the unsplit layers: fc1 12 -> 16 (cut by columns), fc2 16 -> 12 (by rows)
+TWO_D_WORLD, TWO_D_TENSOR = 4, 2  # two_d: 4 processes, tensor parallel in pairs
 
 
 def read_reports(folder: Path) -> list[dict[str, Any]]:
@@ -89,7 +97,8 @@ def read_reports(folder: Path) -> list[dict[str, Any]]:
 # learner's code); the extra fields of init_process_group's are listed.
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
-    "enter": ("call", "backend", "world_size", "numel", "async_op"),  # all_reduce's: its tensor's size, async or not
+    # all_reduce's: its tensor's size, async or not; any collective given a group: the group's size
+    "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size"),
     # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted
     "exit": ("call", "rank_joined", "world_size", "backend", "env_rank", "life"),
     "set_device": ("device",),
@@ -126,6 +135,14 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # once a hand-made DDP is made (learner_processes/inside.py `ddp`): the parameters and buffers that still differ
     # from rank 0's, and for BucketedDDP each bucket plan it may follow, with parameter names
     "wrapped": ("case", "differs", "buckets"),
+    # model parallelism (learner_processes/inside_model_parallel.py): a tensor-parallel case's phases
+    # ("forward", "backward", "average", "end"), and a pipeline step's cases and passes: `kind` "F" or "B",
+    # micro-batch `micro`; a pass starts when the stage is called (F) or its output's gradient arrives (B),
+    # and ends when it returns (F) or its input's gradient is made (B)
+    "phase": ("case", "phase"),
+    "pipeline_case": ("case", "micro_batches"),
+    "pass_start": ("case", "kind", "micro"),
+    "pass_end": ("case", "kind", "micro"),
     # with DDP_LAB_COUNT_WORK=1, at destroy_process_group: the elements the process's PyTorch
     # operations produced plus the lines of the learner's file it ran (learner_processes/talk.py)
     "work": ("amount",),
@@ -306,6 +323,72 @@ class DdpReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DdpReport:
         return cls(data["world_size"], data["rank"], [DdpCase(**c) for c in data.get("cases", [])], data.get("error"))
+
+
+@dataclass
+class Shard:
+    """One parameter of a learner's tensor-parallel module, found by its values among the unsplit
+    layers' tensors (learner_processes/inside_model_parallel.py, `locate`)."""
+
+    name: str                         # the learner's name for it
+    numel: int
+    of: str | None = None             # the unsplit tensor it is a share of ("fc1.weight"); None: of none
+    dim: int = 0                      # which of that tensor's dimensions it holds a share of
+    indices: list[int] = field(default_factory=list)  # which rows (dim 0) or columns (dim 1) or entries
+    difference: float = float("inf")  # its gradient's (two_d: its value's) largest difference from the unsplit one's share
+
+
+@dataclass
+class ParallelCase:
+    """One rank's try of one of the learner's tensor-parallel pieces against the unsplit computation."""
+
+    case: str                         # one of TENSOR_CASES, or "two_d"
+    output: float = float("inf")      # largest difference of the output from the unsplit one's (its share)
+    input_grad: float = float("inf")  # ... of the input's gradient
+    bias_every_rank: float = float("inf")  # row, mlp: ... from the unsplit output plus (N - 1) x the last bias
+    shards: list[Shard] = field(default_factory=list)
+    whole_numel: dict[str, int] = field(default_factory=dict)  # the unsplit tensors' sizes, by name
+    error: str | None = None
+
+
+@dataclass
+class ParallelReport:
+    """What one rank of a tensor_parallel or two_d run found."""
+
+    world_size: int
+    rank: int
+    cases: list[ParallelCase] = field(default_factory=list)
+    tensor_ranks: list[int] = field(default_factory=list)  # two_d: the global ranks of this rank's groups
+    data_ranks: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ParallelReport:
+        cases = [ParallelCase(**{**c, "shards": [Shard(**s) for s in c.get("shards", [])]}) for c in data.get("cases", [])]
+        return cls(**{**data, "cases": cases})
+
+
+@dataclass
+class StagesCase:
+    """One step of a learner's pipeline schedule on one stage, against the unsplit model."""
+
+    micro_batches: int
+    gradient: float = float("inf")    # the stage's parameters' gradients: largest difference from the unsplit model's
+    error: str | None = None
+
+
+@dataclass
+class StagesReport:
+    """What one stage (rank) of a stages run found."""
+
+    world_size: int
+    rank: int
+    cases: list[StagesCase] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StagesReport:
+        return cls(data["world_size"], data["rank"], [StagesCase(**c) for c in data.get("cases", [])], data.get("error"))
 
 
 @dataclass

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autograde.checker.runs import Family, Workspace, family
-from autograde.checks import inside, inside_hangs, lab, launching, launching_slurm, scaling, talk
+from autograde.checks import (inside, inside_hangs, inside_model_parallel, lab, launching, launching_slurm,
+                             scaling, talk)
 
 @dataclass(frozen=True)
 class Layout:
@@ -152,6 +153,16 @@ ITEMS += [
          "solutions/ddp_by_hand.py", (Family.DDP,), inside.check_bucketed_ddp, todo="bucketed_ddp"),
     Item("zero", "ZeRO stage 1: a sharded optimizer", 3, INSIDE, "21_sharding", "exercises/sharded_optimizer.py",
          "solutions/sharded_optimizer.py", (Family.ZERO,), inside.check_zero, todo="zero"),
+    Item("tensor_parallel", "tensor-parallel layers: f, g, column, row", 3, INSIDE, "22_model_parallel",
+         "exercises/tensor_parallel.py", "solutions/tensor_parallel.py", (Family.TENSOR_PARALLEL,),
+         inside_model_parallel.check_tensor_parallel, todo="tensor_parallel"),
+    Item("two_d", "2-D parallelism: tensor parallel in pairs, data parallel across", 2, INSIDE, "22_model_parallel",
+         "exercises/tensor_parallel.py", "solutions/tensor_parallel.py", (Family.TWO_D,), inside_model_parallel.check_two_d,
+         todo="two_d"),
+    Item("gpipe", "a pipeline with GPipe's schedule", 2, INSIDE, "22_model_parallel", "exercises/pipeline_parallel.py",
+         "solutions/pipeline_parallel.py", (Family.STAGES,), inside_model_parallel.check_gpipe, todo="gpipe"),
+    Item("1f1b", "a pipeline with 1F1B's schedule", 2, INSIDE, "22_model_parallel", "exercises/pipeline_parallel.py",
+         "solutions/pipeline_parallel.py", (Family.STAGES,), inside_model_parallel.check_1f1b, todo="1f1b"),
     Item("hang_collective", "fix a hang: a collective on one rank", 1, INSIDE, "23_debugging_hangs",
          "exercises/hang_collective.py", "solutions/hang_collective.py", (Family.HANG,), inside_hangs.check_hang_collective,
          todo="hang_collective"),
@@ -200,8 +211,8 @@ PARTS = [
     Part(SCALE, "scaling", "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[7-9]_*", ("demos/speed_fixes.py",)),
     Part(INSIDE, "inside", "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
-         "2[013]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/model_parallel.py",
-                     "demos/hangs.py", "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
+         "2[0-3]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/hangs.py",
+                     "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
 ]
 PART = {part.id: part for part in PARTS}
 

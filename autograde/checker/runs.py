@@ -204,6 +204,9 @@ class Family(StrEnum):
     PIPELINE = "pipeline"
     DDP = "ddp"
     ZERO = "zero"
+    TENSOR_PARALLEL = "tensor_parallel"
+    TWO_D = "two_d"
+    STAGES = "stages"
     HANG = "hang"
 
 

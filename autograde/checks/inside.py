@@ -89,7 +89,7 @@ def _require_waited(step: _Step, where: str) -> None:
             "gradients still being summed", "call handle.wait() on every handle in finish_gradient_synchronization()")
 
 
-def _by_rank(run: Run) -> dict[tuple[int, int], ProcessTrace]:
+def traces_by_rank(run: Run) -> dict[tuple[int, int], ProcessTrace]:
     groups: dict[tuple[int, int], ProcessTrace] = {}
     for trace in run.traces.values():
         joined = [e for e in trace.named("exit") if e.get("call") == "init_process_group"]
@@ -132,7 +132,7 @@ def _require_every_bucket_sent(run: Run) -> None:
     the unused layer, which never fills up), named with the parameters it held. Judged before the
     weights, which that bucket leaves each rank's own. A wrapper that sent nothing at all is judged by
     its weights (it has not begun)."""
-    for (world_size, rank), trace in sorted(_by_rank(run).items()):
+    for (world_size, rank), trace in sorted(traces_by_rank(run).items()):
         steps = _steps(trace)
         if not any(step.during or step.after for step in steps):
             continue
@@ -170,7 +170,7 @@ def _require_every_bucket_sent(run: Run) -> None:
 def _require_all_waited(run: Run) -> None:
     """Judged before the weights: a request not waited for makes the weights a race, wrong in one run
     and right in the next, while the missing wait is there every time."""
-    for (world_size, rank), trace in sorted(_by_rank(run).items()):
+    for (world_size, rank), trace in sorted(traces_by_rank(run).items()):
         for step in _steps(trace):
             _require_waited(step, f"rank {rank} of {world_size}")
 
@@ -186,7 +186,7 @@ def _judge_weights(run: Run, wrapper: str) -> list[tuple[DdpReport, ProcessTrace
     another rank's, and is named)."""
     reports = _reports(run)
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    traces = _by_rank(run)
+    traces = traces_by_rank(run)
     for report in reports:
         where = f"with {report.world_size} processes, rank {report.rank}"
         require(report.error is None, f"{where}: {report.error}", f"make {wrapper} work")

@@ -10,15 +10,19 @@ real process group, for the checks that judge a function rather than a whole pro
     python -m autograde.learner_processes.tasks calls --script exercises/scaling_model.py --out DIR \\
         --calls '[["speedup", [{"1": 20.0, "2": 12.5}]], ["predict_time", [[60, 3, 1.5], 16]]]'
     python -m autograde.learner_processes.tasks ddp --script exercises/ddp_by_hand.py --wrapper NaiveDDP ...
+    python -m autograde.learner_processes.tasks tensor_parallel --script exercises/tensor_parallel.py --world-sizes 2 4 ...
+    python -m autograde.learner_processes.tasks stages --script exercises/pipeline_parallel.py --world-sizes 2 3 \\
+        --schedule gpipe --micro-batches 1 4 6 ...
 
 The tasks (protocol.Task) live in their part's module: talk.py (ring, sampler, collectives),
-scaling.py (calls), inside.py (ddp, zero). For each world size in turn, a process group of that
+scaling.py (calls), inside.py (ddp, zero), inside_model_parallel.py (tensor_parallel, two_d,
+stages). For each world size in turn, a process group of that
 many processes is started (forked from this one, which has imported torch already: a launch costs
 one import of torch, not one per process), every rank imports the learner's file as a module
 (its `if __name__ == "__main__":` block does not run) and does the task; rank r of N writes what
 it found to `DIR/N-r.json` (the task's report type in autograde/protocol.py).
 
-The processes use NCCL, one GPU each, where there are GPUs enough (`ddp` and `zero`: never),
+The processes use NCCL, one GPU each, where there are GPUs enough (the part inside's tasks: never),
 else gloo on the CPU. The checker never imports the learner's file itself: this module runs in
 processes of its own.
 """
@@ -35,17 +39,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autograde import processes
-from autograde.learner_processes import inside, scaling, talk, tracer
-from autograde.protocol import (RING_SIZES, CollectivesReport, DdpReport, RingReport, SamplerReport, Task,
-                                ZeroReport)
+from autograde.learner_processes import inside, inside_model_parallel, scaling, talk, tracer
+from autograde.protocol import (RING_SIZES, CollectivesReport, DdpReport, ParallelReport, RingReport, SamplerReport,
+                                StagesReport, Task, ZeroReport)
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
-CPU_TASKS = (Task.DDP, Task.ZERO)
+CPU_TASKS = (Task.DDP, Task.ZERO, Task.TENSOR_PARALLEL, Task.TWO_D, Task.STAGES)
+Report = RingReport | SamplerReport | CollectivesReport | DdpReport | ZeroReport | ParallelReport | StagesReport
 # The tasks that run in a process group, each rank calling its function with (rank, options, device)
-IN_A_GROUP: dict[Task, Callable[[int, argparse.Namespace, Any],
-                                RingReport | SamplerReport | CollectivesReport | DdpReport | ZeroReport]] = {
+IN_A_GROUP: dict[Task, Callable[[int, argparse.Namespace, Any], Report]] = {
     Task.RING: talk.ring, Task.SAMPLER: talk.sampler, Task.COLLECTIVES: talk.collectives,
-    Task.DDP: inside.ddp, Task.ZERO: inside.zero}
+    Task.DDP: inside.ddp, Task.ZERO: inside.zero, Task.TENSOR_PARALLEL: inside_model_parallel.tensor_parallel,
+    Task.TWO_D: inside_model_parallel.two_d, Task.STAGES: inside_model_parallel.stages}
 
 
 def _process(rank: int, options: argparse.Namespace) -> None:
@@ -54,8 +59,8 @@ def _process(rank: int, options: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    # The hand-made DDPs and the sharded optimizer are judged on their arithmetic, with models
-    # on the CPU: gloo, even where there are GPUs.
+    # The hand-made DDPs, the sharded optimizer and model parallelism are judged on their
+    # arithmetic, with models on the CPU: gloo, even where there are GPUs.
     on_gpu = (options.task not in CPU_TASKS and torch.cuda.is_available()
               and torch.cuda.device_count() >= options.world_size)
     if on_gpu:
@@ -90,6 +95,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 5], help="sampler: the seeds to try")
     parser.add_argument("--epochs", type=int, default=3, help="sampler: the epochs to try")
+    parser.add_argument("--schedule", default="gpipe", help="stages: the function of the learner's file to try")
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[4], help="stages: the numbers to try")
+    parser.add_argument("--width", type=int, default=inside_model_parallel.STAGE_WIDTH, help="stages: the layers' width")
     options = parser.parse_args()
     options.script = os.path.abspath(options.script) if options.script else ""
     if options.task is Task.CALLS:

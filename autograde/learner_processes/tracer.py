@@ -97,6 +97,13 @@ def emit(event: str, **fields: Any) -> None:
         f.write(json.dumps(record, default=repr) + "\n")
 
 
+def _group_size(dist: Any, group: Any) -> int | None:
+    try:
+        return int(dist.get_world_size(group))
+    except Exception:  # not a group: the call itself will say so
+        return None
+
+
 def _wrap_collective(module: Any, name: str) -> None:
     original = getattr(module, name, None)
     if original is None or getattr(original, "_ddp_lab", False):
@@ -105,10 +112,13 @@ def _wrap_collective(module: Any, name: str) -> None:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         numel = getattr(args[0] if args else kwargs.get("tensor"), "numel", None)
+        group = kwargs.get("group", args[2] if name == "all_reduce" and len(args) > 2 else None)
+        among = {"group_size": _group_size(module, group)} if group is not None else {}
         if numel is not None and name == "all_reduce":  # how much (a bucket's or a parameter's), and whether it waits
-            emit("enter", call=name, numel=int(numel()), async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])))
+            emit("enter", call=name, numel=int(numel()), async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])),
+                 **among)
         else:
-            emit("enter", call=name)
+            emit("enter", call=name, **among)
         result = original(*args, **kwargs)
         emit("exit", call=name)
         return result
@@ -159,7 +169,7 @@ def _patch_distributed() -> None:
         return result
 
     dist.destroy_process_group = destroy_process_group
-    for name in COLLECTIVES:
+    for name in (*COLLECTIVES, "new_group"):  # new_group: every rank must call it, so a rank can wait in it
         _wrap_collective(dist, name)
     _patch_point_to_point(dist)
 

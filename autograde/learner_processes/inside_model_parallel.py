@@ -41,21 +41,20 @@ def locate(param: Any, wholes: dict[str, Any]) -> tuple[str, int, list[int]] | N
         if whole.dim() != values.dim():
             continue
         if whole.dim() == 1:
-            where = {float(v): i for i, v in enumerate(whole.tolist())}
-            found = [where.get(float(v)) for v in values.tolist()]
-            if found and None not in found and len(set(found)) == len(found):
-                return name, 0, [int(i) for i in found]
+            entries = {float(v): i for i, v in enumerate(whole.tolist())}
+            held = [entries.get(float(v), -1) for v in values.tolist()]
+            if held and -1 not in held and len(set(held)) == len(held):
+                return name, 0, held
             continue
         for dim in (0, 1):
             lines = whole if dim == 0 else whole.t()
             for mine in (values, values.t()):
                 if mine.shape[1] != lines.shape[1]:
                     continue
-                where = {bytes(line.contiguous().numpy().tobytes()): i for i, line in enumerate(lines)}
-                found = [where.get(bytes(line.contiguous().numpy().tobytes())) for line in mine]
-                if found and None not in found and len(set(found)) == len(found) and torch.equal(
-                        mine, lines[[int(i) for i in found]]):
-                    return name, dim, [int(i) for i in found]
+                rows = {line.contiguous().numpy().tobytes(): i for i, line in enumerate(lines)}
+                held = [rows.get(line.contiguous().numpy().tobytes(), -1) for line in mine]
+                if held and -1 not in held and len(set(held)) == len(held) and torch.equal(mine, lines[held]):
+                    return name, dim, held
     return None
 
 
@@ -118,16 +117,16 @@ def _tensor_case(case: str, file: Any, rank: int, n: int) -> ParallelCase:
     if case in ("f", "g"):
         # f: the same x on every rank, a different upstream gradient on each; g: the reverse
         xs = [torch.randn(BATCH, IN_FEATURES, generator=generator) for _ in range(n)]
-        upstream = [torch.randn(BATCH, IN_FEATURES, generator=generator) for _ in range(n)]
+        grads_in = [torch.randn(BATCH, IN_FEATURES, generator=generator) for _ in range(n)]
         x = (xs[0] if case == "f" else xs[rank]).clone().requires_grad_()
         function = file.CopyToParallel if case == "f" else file.ReduceFromParallel
         _phase(case, "forward")
         y = function.apply(x, None)
         _phase(case, "backward")
-        y.backward(upstream[rank] if case == "f" else upstream[0])
+        y.backward(grads_in[rank] if case == "f" else grads_in[0])
         _phase(case, "end")
         found.output = _difference(y, xs[0] if case == "f" else sum(xs))
-        found.input_grad = _difference(x.grad, sum(upstream) if case == "f" else upstream[0])
+        found.input_grad = _difference(x.grad, sum(grads_in) if case == "f" else grads_in[0])
         return found
     fc1, fc2 = _linear(IN_FEATURES, HIDDEN, 1), _linear(HIDDEN, IN_FEATURES, 2)
     wholes = {"fc1.weight": fc1.weight, "fc1.bias": fc1.bias, "fc2.weight": fc2.weight, "fc2.bias": fc2.bias}
@@ -148,31 +147,23 @@ def _tensor_case(case: str, file: Any, rank: int, n: int) -> ParallelCase:
     upstream = torch.randn(wanted.shape, generator=generator)
     wanted.backward(upstream)
     grads = {k: v.grad for k, v in wholes.items()}
-    if case == "column":  # its output is this rank's features: the share its weight says it holds
-        weight = next((w for w in where.values() if w[0] == "fc1.weight"), None)
-        if weight is None:
-            return found
-        mine_x = x.detach().clone().requires_grad_()
-        _phase(case, "forward")
-        y = module(mine_x)
-        _phase(case, "backward")
-        y.backward(upstream[:, weight[2]])
-        _phase(case, "end")
-        found.output = _difference(y, wanted.detach()[:, weight[2]])
-        found.input_grad = _difference(mine_x.grad, x.grad)
-    else:  # row: its input is this rank's features, the share its weight says it holds
-        weight = next((w for w in where.values() if w[0] == "fc2.weight"), None)
-        if case == "row" and weight is None:
-            return found
-        mine_x = (x.detach()[:, weight[2]] if case == "row" else x.detach()).clone().requires_grad_()
-        _phase(case, "forward")
-        y = module(mine_x)
-        _phase(case, "backward")
-        y.backward(upstream)
-        _phase(case, "end")
-        found.output = _difference(y, wanted.detach())
+    # the column layer's output, and the row layer's input, are the features its weight says it holds
+    weight = {"column": "fc1.weight", "row": "fc2.weight"}.get(case)
+    features = next((w[2] for w in where.values() if w[0] == weight), None)
+    if weight is not None and features is None:
+        return found  # a weight found in no unsplit tensor: judged from the shards
+    mine_x = (x.detach()[:, features] if case == "row" else x.detach()).clone().requires_grad_()
+    _phase(case, "forward")
+    y = module(mine_x)
+    _phase(case, "backward")
+    y.backward(upstream[:, features] if case == "column" else upstream)
+    _phase(case, "end")
+    found.output = _difference(y, wanted.detach()[:, features] if case == "column" else wanted.detach())
+    if case != "column":
         found.bias_every_rank = _difference(y, wanted.detach() + (n - 1) * fc2.bias.detach())
-        found.input_grad = _difference(mine_x.grad, x.grad[:, weight[2]] if case == "row" else x.grad)
+    whole_grad = x.grad
+    found.input_grad = _difference(mine_x.grad, whole_grad[:, features] if case == "row" and whole_grad is not None
+                                   else whole_grad)
     _compare_gradients(module, found.shards, where, grads)
     return found
 
@@ -315,8 +306,8 @@ def stages(rank: int, options: argparse.Namespace, device: Any) -> StagesReport:
         return report
     n, width = options.world_size, options.width
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(STAGE_BATCH, width, generator=generator)
-    target = torch.randn(STAGE_BATCH, width, generator=generator)
+    x = torch.randn(options.batch_size, width, generator=generator)
+    target = torch.randn(options.batch_size, width, generator=generator)
     whole = stage_model(n, width)
     F.mse_loss(whole(x), target).backward()
     mine = slice(rank * LAYERS_PER_STAGE, (rank + 1) * LAYERS_PER_STAGE)

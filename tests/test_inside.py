@@ -1,5 +1,5 @@
-"""Inside DDP (part 5): the demonstrations notebooks 20 and 21 run, launched for real, and the
-memory accounting of the ZeRO stages.
+"""Inside DDP (part 5): the demonstrations notebooks 20 and 21 run and the model-parallel programs
+of notebook 22, launched for real, and the memory accounting of the ZeRO stages.
 
 The verdicts of the part's checks on its exercises, their mistakes and other styles are replayed
 from recordings in tests/test_checks_recorded.py; the grading test of the part
@@ -7,6 +7,7 @@ from recordings in tests/test_checks_recorded.py; the grading test of the part
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,47 @@ def test_the_sharded_optimizers_program_weighs_each_ranks_state(tmp_path: Path) 
     shares = [rank["state_bytes"] / found["plain_state_bytes"] for rank in found["ranks"]]
     assert len(shares) == 3 and abs(sum(shares) - 1) < 0.01 and max(shares) < 0.5, shares
     assert all(rank["difference"] < 1e-6 for rank in found["ranks"]), found
+
+
+def _differences(result_output: str) -> dict[str, float]:
+    """The "largest ... difference ... N" lines a model-parallel program prints, by what they measure."""
+    found = {}
+    for line in result_output.splitlines():
+        match = re.match(r"(.+?): largest (?:gradient )?difference from the unsplit model (\S+?),?( |$)", line)
+        if match:
+            found[match[1]] = float(match[2])
+    return found
+
+
+@pytest.mark.launch
+def test_the_tensor_parallel_program_matches_the_unsplit_layers_and_trains_2d_as_one_process() -> None:
+    """The solution's own program, as notebook 22 has it typed: 4 processes, the MLP block cut 4 ways,
+    then tensor parallel in pairs and data parallel across them, against one process."""
+    result = run_script(ROOT / "solutions/tensor_parallel.py", "--world-size", "4", "--tensor-parallel", "2",
+                        timeout=180)
+    assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
+    found = _differences(result.stdout)
+    assert set(found) == {"output", "input gradient", "2-D training, output after 3 steps"}, result.stdout
+    assert all(d <= 1e-6 for d in found.values()), found
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_the_pipeline_program_gives_every_stage_the_unsplit_gradients(schedule: str) -> None:
+    result = run_script(ROOT / "solutions/pipeline_parallel.py", "--stages", "3", "--micro-batches", "4",
+                        "--schedule", schedule, timeout=180)
+    assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
+    found = _differences(result.stdout)
+    assert set(found) == {"stage 0", "stage 1", "stage 2"}, result.stdout
+    assert all(d <= 1e-6 for d in found.values()), found
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("script, args", [("tensor_parallel.py", ["--world-size", "3"]),
+                                          ("pipeline_parallel.py", ["--batch-size", "10", "--micro-batches", "4"])])
+def test_the_model_parallel_programs_refuse_a_layout_that_does_not_divide(script: str, args: list[str]) -> None:
+    result = run_script(ROOT / "solutions" / script, *args, timeout=60)
+    assert result.returncode == 2 and "must divide by" in result.stderr and "Traceback" not in result.stderr, result.output
 
 
 def test_zero_memory_divides_what_each_stage_shards() -> None:

@@ -336,6 +336,7 @@ class Shard:
     dim: int = 0                      # which of that tensor's dimensions it holds a share of
     indices: list[int] = field(default_factory=list)  # which rows (dim 0) or columns (dim 1) or entries
     difference: float = float("inf")  # its gradient's (two_d: its value's) largest difference from the unsplit one's share
+    used: bool = False                # it got a gradient: the learner's forward pass used it (a copy it never uses is idle)
 
 
 @dataclass

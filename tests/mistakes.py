@@ -465,3 +465,63 @@ EXERCISE_MISTAKES += [
     Mistake("slurm_job_one_node", "slurm_job", (("#SBATCH --nodes=2\n", "#SBATCH --nodes=1\n"),),
             "ran 2 tasks on 1 node, not 4 tasks on 2 nodes"),
 ]
+# tensor_parallel.py (notebook 22): Megatron's f and g, the column and row layers, and 2-D parallelism
+TP_F_BACKWARD = ("        grad = grad.clone()\n        dist.all_reduce(grad, group=ctx.group)\n        return grad, None\n")
+TP_G_BACKWARD = "        return grad, None  # the sum's gradient with respect to each term is the gradient itself\n"
+TP_ROW_FORWARD = ("        y = ReduceFromParallel.apply(F.linear(x, self.weight), self.group)\n"
+                  "        return y if self.bias is None else y + self.bias  # once, after the sum\n")
+TP_AVERAGE = "            dist.all_reduce(p.grad, group=group)\n            p.grad /= size\n"
+EXERCISE_MISTAKES += [
+    Mistake("tensor_parallel_f_and_g_swapped", "tensor_parallel", (  # each class holds the other's body
+        ("class CopyToParallel(", "class Swapped("), ("class ReduceFromParallel(", "class CopyToParallel("),
+        ("class Swapped(", "class ReduceFromParallel(")), "f's and g's directions are swapped"),
+    Mistake("tensor_parallel_all_reduce_both_ways", "tensor_parallel", (  # g's backward sums what is already whole
+        (TP_G_BACKWARD, "        grad = grad.clone()\n        dist.all_reduce(grad)\n        return grad, None\n"),),
+            "it all-reduces in both directions"),
+    Mistake("tensor_parallel_f_backward_identity", "tensor_parallel", (  # x's gradient left as this rank's part
+        (TP_F_BACKWARD, "        return grad, None\n"),), "it needs 0 and 1"),
+    Mistake("tensor_parallel_row_bias_every_rank", "tensor_parallel", (
+        (TP_ROW_FORWARD, "        return ReduceFromParallel.apply(F.linear(x, self.weight, self.bias), self.group)\n"),),
+            "every rank added the bias to its partial sum before the all-reduce"),
+    Mistake("tensor_parallel_column_whole_weight", "tensor_parallel", (
+        ("linear.weight.detach().chunk(size, dim=0)[rank].clone()", "linear.weight.detach().clone()"),
+        ("linear.bias.detach().chunk(size)[rank].clone()", "linear.bias.detach().clone()")),
+            "ColumnParallelLinear held 192 of fc1.weight's 192 numbers; a share is 96 (1/2)"),
+    Mistake("two_d_new_group_only_mine", "two_d", (  # new_group is collective: the others never join
+        ('        group = dist.new_group(ranks)\n        if rank in ranks:\n            mine["tensor"] = group\n',
+         '        if rank in ranks:\n            mine["tensor"] = dist.new_group(ranks)\n'),
+        ('        group = dist.new_group(ranks)\n        if rank in ranks:\n            mine["data"] = group\n',
+         '        if rank in ranks:\n            mine["data"] = dist.new_group(ranks)\n')),
+            "never got out of dist.new_group()"),
+    Mistake("two_d_averaged_over_world", "two_d", (
+        (TP_AVERAGE, "            dist.all_reduce(p.grad)\n            p.grad /= dist.get_world_size()\n"),),
+            "average_gradients all-reduced over 4 processes; the ranks that hold the same shards are 2"),
+    Mistake("two_d_summed_not_divided", "two_d", ((TP_AVERAGE, "            dist.all_reduce(p.grad, group=group)\n"),),
+            "from one process trained on the whole batches"),
+    Mistake("two_d_layers_cut_by_world", "two_d", (  # 1/4 shares in a group of 2: the tensor group's rank ignored
+        ("dist.get_world_size(group), dist.get_rank(group)\n        self.weight = nn.Parameter(linear.weight.detach()"
+         ".chunk(size, dim=0)", "dist.get_world_size(), dist.get_rank()\n        self.weight = nn.Parameter("
+         "linear.weight.detach().chunk(size, dim=0)"),
+        ("dist.get_world_size(group), dist.get_rank(group)\n        self.weight = nn.Parameter(linear.weight.detach()"
+         ".chunk(size, dim=1)", "dist.get_world_size(), dist.get_rank()\n        self.weight = nn.Parameter("
+         "linear.weight.detach().chunk(size, dim=1)")), "held 48 of fc1.weight's 192 numbers; a share is 96 (1/2)"),
+]
+# pipeline_parallel.py (notebook 22): GPipe's and 1F1B's schedules
+PP_LOSS = "        y = loss_fn(y, targets[i]) / len(micro_batches)  # the whole batch's loss is the mean over micro-batches\n"
+PP_WARMUP = "    warmup = min(dist.get_world_size() - dist.get_rank() - 1, m)  # the stages after this one\n"
+EXERCISE_MISTAKES += [
+    Mistake("gpipe_loss_not_divided", "gpipe", ((PP_LOSS, "        y = loss_fn(y, targets[i])\n"),),
+            "with 2 stages and 4 micro-batches, stage 0: the gradients are"),
+    Mistake("gpipe_gradient_from_previous_stage", "gpipe", (
+        ("        dist.recv(grad, src=rank + 1)\n", "        dist.recv(grad, src=rank - 1)\n"),),
+            "waited in a backward pass to receive from rank -1"),
+    Mistake("gpipe_input_not_requiring_grad", "gpipe", (
+        ("        x.requires_grad_()  # its gradient is what this stage sends back\n", ""),), "its received input never having been made to require grad"),
+    Mistake("1f1b_all_forwards_first", "1f1b", ((PP_WARMUP, "    warmup = m\n"),), "that is GPipe's order"),
+    Mistake("1f1b_blocking_send", "1f1b", (  # gloo's send returns when the other side receives
+        ("        sends.append((dist.isend(out, dst=rank + 1), out))\n", "        dist.send(out, dst=rank + 1)\n"),
+        ("        sends.append((dist.isend(x.grad, dst=rank - 1), x.grad))\n", "        dist.send(x.grad, dst=rank - 1)\n")),
+            "each waited in dist.send at once"),
+    Mistake("1f1b_warmup_one_too_many", "1f1b", ((PP_WARMUP, PP_WARMUP.replace(" - 1, m)", ", m)")),),
+            "(holding 3 micro-batches' activations at most); 1F1B's order is F0 F1 B0"),
+]

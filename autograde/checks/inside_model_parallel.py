@@ -30,6 +30,10 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _micro(m: int) -> str:
+    return f"{m} micro-batch{'' if m == 1 else 'es'}"
+
+
 def _collectives(trace: ProcessTrace, case: str) -> dict[str, list[dict[str, Any]]]:
     """The collectives the learner's code entered in each phase of `case` ("forward", "backward", ...)."""
     found: dict[str, list[dict[str, Any]]] = {}
@@ -107,6 +111,8 @@ def _judge_values(case: ParallelCase, where: str, n: int) -> None:
     require(case.input_grad <= TOLERANCE, f"{where}: the gradient of {what}'s input is {case.input_grad:.1e} from "
             f"the unsplit one's (at most {TOLERANCE:g})", "backward must give each rank its input's whole gradient")
     for shard in case.shards:
+        if not shard.used:
+            continue  # a copy the forward pass never uses (a bias kept everywhere, added on rank 0 only): idle
         require(shard.difference <= TOLERANCE, f"{where}: the gradient of {what}'s {shard.name} (a share of "
                 f"{shard.of}) is {shard.difference:.1e} from the unsplit gradient's share (at most {TOLERANCE:g})",
                 "each shard's gradient is the unsplit weight's gradient, cut as the weight is")
@@ -171,8 +177,14 @@ def check_two_d(ws: Workspace) -> str:
     run = ws.called(Family.TWO_D, str(TWO_D_WORLD), f"2-D parallelism on {TWO_D_WORLD} processes", Task.TWO_D,
                     ["--world-sizes", str(TWO_D_WORLD)])
     if run.stalled or any(r.timed_out for r in run.results):
-        run_ok(run, "every rank must call dist.new_group for every group, in the same order, even the groups it "
-               "is not in")
+        hint = "every rank must call dist.new_group for every group, in the same order, even the groups it is not in"
+        stuck = sorted(rank for (_, rank), t in traces_by_rank(run).items()
+                       if (w := t.waiting_in()) and w.get("call") == "new_group")
+        # ranks that made other groups than their neighbours pair up wrongly: some never leave new_group
+        require(not stuck, f"{run.problem()}; rank{'s' if len(stuck) > 1 else ''} "
+                f"{' and '.join(map(str, stuck))} never got out of dist.new_group(): the ranks did not all make "
+                "the same groups in the same order", hint)
+        run_ok(run, hint)
     reports = _parallel_reports(run)
     found = {r.rank: r.cases[0] for r in reports if r.cases}
     for r in reports:
@@ -210,7 +222,7 @@ def check_two_d(ws: Workspace) -> str:
     for r in reports:
         case = found[r.rank]
         _judge_shards(case, f"rank {r.rank}", TWO_D_TENSOR)
-        for shard in case.shards:
+        for shard in (s for s in case.shards if s.used):
             require(shard.difference <= TOLERANCE, f"rank {r.rank}: after 3 steps, {shard.name} (a share of "
                     f"{shard.of}) is {shard.difference:.1e} from one process trained on the whole batches (at most "
                     f"{TOLERANCE:g})", "average every gradient over the data group (sum, then divide by its size) "
@@ -267,9 +279,24 @@ def _said(order: list[tuple[str, int]]) -> str:
     return " ".join(f"{k}{i}" for k, i in order)
 
 
-def _judge_stall(run: Run) -> None:
+def _in_backward(trace: ProcessTrace) -> bool:
+    """Whether the stage was in its backward passes: one had started, or every forward pass of the case
+    it was running had (a backward pass is traced from when its gradient arrives, so one that waits for
+    it shows only as the forward passes all done)."""
+    cases = trace.named("pipeline_case")
+    started = trace.named("pass_start")
+    if started and started[-1]["kind"] == "B":
+        return True
+    if not cases:
+        return False
+    case = cases[-1]
+    return sum(1 for e in started if e["case"] == case["case"] and e["kind"] == "F") >= case["micro_batches"]
+
+
+def _judge_stall(run: Run, reports: list[StagesReport]) -> None:
     """A deadlocked pipeline, named by the stage that waits where it should not: a backward pass that
-    waits on the stage before it, or two neighbours that both wait in a blocking send."""
+    waits on the stage before it, two neighbours that both wait in a blocking send, or a stage that
+    raised an error while the others waited for it."""
     if not (run.stalled or any(r.timed_out for r in run.results)):
         return
     for (n, rank), trace in sorted(traces_by_rank(run).items()):
@@ -278,19 +305,35 @@ def _judge_stall(run: Run) -> None:
         if waiting is None or not messages:
             continue
         last = messages[-1]
-        in_backward = next((e["kind"] == "B" for e in reversed(trace.named("pass_start", "pass_end"))
-                            if e["ev"] == "pass_start"), False)
-        if waiting.get("call") == "recv" and in_backward and last.get("peer") == rank - 1:
-            require(False, f"with {n} stages, stage {rank} waited in a backward pass to receive from stage "
-                    f"{rank - 1}, which never sends it anything then", "in the backward pass a stage receives "
-                    "its output's gradient from the next stage (rank + 1) and sends its input's to the one before")
+        if waiting.get("call") == "recv" and last.get("peer") == rank - 1 and _in_backward(trace):
+            before = f"stage {rank - 1}" if rank else "rank -1 (no stage comes before the first)"
+            require(False, f"with {n} stages, stage {rank} waited in a backward pass to receive from {before}, "
+                    "which never sends it anything then", "in the backward pass a stage receives its output's "
+                    "gradient from the next stage (rank + 1) and sends its input's to the one before")
     blocked = [rank for (n, rank), t in traces_by_rank(run).items() if (w := t.waiting_in()) and w.get("call") == "send"]
     if len(blocked) >= 2:
         require(False, f"stages {' and '.join(map(str, sorted(blocked)))} each waited in dist.send at once: a "
                 "blocking send returns only when the other side receives, and each waited for the other",
                 "send with dist.isend (wait for the requests before returning), or pair each send with the recv "
                 "the other side makes at the same time (dist.batch_isend_irecv)")
+    _judge_errors(reports, "; the other stages waited for it")
     run_ok(run, "every send needs the matching recv on the other stage, in an order that lets both happen")
+
+
+def _judge_errors(reports: list[StagesReport], after: str = "") -> None:
+    """A stage's error, with its likeliest cause where the error is a None sent back: the gradient of an
+    input that was received without asking for one."""
+    for r in reports:
+        for c in r.cases:
+            if c.error is None:
+                continue
+            none_sent = r.rank > 0 and "NoneType" in c.error
+            cause = (": the gradient it sent back was None, its received input never having been made to "
+                     "require grad" if none_sent else "")
+            require(False, f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank}: "
+                    f"{c.error}{cause}{after}", "every stage after the first receives its input, which must ask "
+                    "for a gradient (requires_grad_()) so that its gradient can be sent back" if none_sent else
+                    "make the schedule work as the TODO's contract says, on any number of stages and micro-batches")
 
 
 def _stages_run(ws: Workspace, schedule: str) -> tuple[Run, list[StagesReport]]:
@@ -299,17 +342,14 @@ def _stages_run(ws: Workspace, schedule: str) -> tuple[Run, list[StagesReport]]:
     run = ws.called(Family.STAGES, schedule, f"{function} on {' and '.join(sizes)} stages", Task.STAGES,
                     ["--world-sizes", *sizes, "--schedule", function,
                      "--micro-batches", *map(str, MICRO_BATCHES)])
-    _judge_stall(run)
     reports = sorted((StagesReport.from_json(r) for r in (run.report or {}).get("ranks", [])),
                      key=lambda r: (r.world_size, r.rank))
+    _judge_stall(run, reports)
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     for r in reports:
         require(r.error is None, f"with {r.world_size} stages, stage {r.rank}: {r.error}",
                 f"the file must define {function}(stage, micro_batches, targets, loss_fn)")
-        for c in r.cases:
-            require(c.error is None, f"with {r.world_size} stages and {c.micro_batches} micro-batches, stage "
-                    f"{r.rank}: {c.error}", "every stage after the first receives its input, which must ask for a "
-                    "gradient (requires_grad_()) so that its gradient can be sent back")
+    _judge_errors(reports)
     require({r.world_size for r in reports} == set(STAGE_COUNTS), f"the {run.name} ran only with "
             f"{sorted({r.world_size for r in reports})} stages", f"make {function} work with any number of stages")
     return run, reports
@@ -325,7 +365,7 @@ def _stage_passes(run: Run, reports: list[StagesReport]) -> list[tuple[StagesRep
         traced = passes(trace) if trace is not None else {}
         for case, c in enumerate(r.cases):
             events = traced.get(case, [])
-            require(events, f"with {r.world_size} stages and {c.micro_batches} micro-batches, stage {r.rank} never "
+            require(events, f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank} never "
                     "called its stage", "call stage(x) once per micro-batch: that is the forward pass through this "
                     "process's layers")
             found.append((r, case, c.micro_batches, events))
@@ -335,7 +375,7 @@ def _stage_passes(run: Run, reports: list[StagesReport]) -> list[tuple[StagesRep
 def _judge_gradients(reports: list[StagesReport]) -> None:
     for r in reports:
         for c in r.cases:
-            where = f"with {r.world_size} stages and {c.micro_batches} micro-batches, stage {r.rank}"
+            where = f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank}"
             require(c.gradient <= TOLERANCE, f"{where}: the gradients are {c.gradient:.1e} from the unsplit model's "
                     f"on the whole batch (at most {TOLERANCE:g})", "each micro-batch's loss counts 1/M of the "
                     "whole batch's mean loss, and every micro-batch's gradient adds into .grad")
@@ -351,7 +391,7 @@ def check_gpipe(ws: Workspace) -> str:
             order = _order(events)
             forwards = [i for k, i in order if k == "F"]
             backwards = sorted(i for k, i in order if k == "B")
-            where = f"with {r.world_size} stages and {m} micro-batches, stage {r.rank}"
+            where = f"with {r.world_size} stages and {_micro(m)}, stage {r.rank}"
             require(forwards == list(range(m)) and backwards == list(range(m)), f"{where} ran {_said(order)}",
                     "call the stage once per micro-batch, in order, and run each micro-batch's backward pass once")
             require(order[:m] == [("F", i) for i in range(m)], f"{where} ran {_said(order)}: a backward pass "
@@ -368,7 +408,7 @@ def check_1f1b(ws: Workspace) -> str:
     run, reports = _stages_run(ws, "1f1b")
     for r, case, m, events in _stage_passes(run, reports):
             order, want = _order(events), one_f_one_b_order(r.world_size, r.rank, m)
-            where = f"with {r.world_size} stages and {m} micro-batches, stage {r.rank}"
+            where = f"with {r.world_size} stages and {_micro(m)}, stage {r.rank}"
             held = held_at_most(events)
             if order != want and order[:m] == [("F", i) for i in range(m)] and m > r.world_size - r.rank:
                 require(False, f"{where} ran all {m} forward passes before its first backward pass and held {held} "

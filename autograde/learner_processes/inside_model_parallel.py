@@ -93,6 +93,7 @@ def _compare_gradients(module: Any, shards: list[Shard], where: dict[int, tuple[
             name, dim, indices = where[id(p)]
             wanted = _share(grads[name], dim, indices)
             shard.difference = _difference(p.grad, wanted)
+            shard.used = p.grad is not None
 
 
 def _phase(case: str, phase: str) -> None:
@@ -234,6 +235,7 @@ def two_d(rank: int, options: argparse.Namespace, device: Any) -> ParallelReport
             if id(p) in where:
                 name, dim, indices = where[id(p)]
                 shard.difference = _difference(p, _share(wholes[name].detach(), dim, indices))
+                shard.used = p.grad is not None
     except BaseException as err:
         found.error = short_error(err, options.script)
     report.cases.append(found)

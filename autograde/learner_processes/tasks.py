@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--schedule", default="gpipe", help="stages: the function of the learner's file to try")
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[4], help="stages: the numbers to try")
     parser.add_argument("--width", type=int, default=inside_model_parallel.STAGE_WIDTH, help="stages: the layers' width")
+    parser.add_argument("--batch-size", type=int, default=inside_model_parallel.STAGE_BATCH,
+                        help="stages: the whole batch, cut into each number of micro-batches")
     options = parser.parse_args()
     options.script = os.path.abspath(options.script) if options.script else ""
     if options.task is Task.CALLS:

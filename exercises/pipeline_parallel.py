@@ -98,7 +98,7 @@ def main():
     parser.add_argument("--stages", type=positive_int, default=2, help="processes to start, one stage each")
     parser.add_argument("--micro-batches", type=positive_int, default=4)
     parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="gpipe")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=48)
     parser.add_argument("--layers", type=positive_int, default=2, help="layers per stage")
     parser.add_argument("--width", type=positive_int, default=64)
     args = parser.parse_args()

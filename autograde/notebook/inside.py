@@ -1,11 +1,10 @@
 """What the notebooks of the part "inside DDP" (inside_ddp, notebooks 20-23) call: the hand-made
 DDPs timed against DistributedDataParallel, the bucket plan of a model, gradient accumulation with
 no_sync (20); the memory each ZeRO stage leaves on a process, and the sharded optimizer and FSDP
-measured (21); demos/model_parallel.py and the pipeline's bubble read from its timeline (22);
-demos/hangs.py made to hang and looked at from outside (23). Every launch has a time limit and
-leaves nothing running (runtime.run, or a process group killed after). And the part's figures:
-the hand-made DDPs against DDP (20), memory by ZeRO stage and the optimizer state's shares (21), a
-layer's split, a pipeline's timeline and its bubble (22)."""
+measured (21); demos/hangs.py made to hang and looked at from outside (23). Every launch has a
+time limit and leaves nothing running (runtime.run, or a process group killed after). And the
+part's figures: the hand-made DDPs against DDP (20), memory by ZeRO stage and the optimizer state's
+shares (21). Model parallelism (22) has its own module, inside_model_parallel.py."""
 from __future__ import annotations
 
 import json
@@ -23,7 +22,6 @@ from typing import Any, Callable
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from autograde import processes
 from autograde.checker import api
@@ -38,7 +36,6 @@ SHARDED = "exercises/sharded_optimizer.py"
 NO_SYNC = "demos/no_sync_accumulation.py"
 FSDP = "demos/fsdp_memory.py"
 LAB_MODEL = "solutions/fashion_mnist_after_step_10.py"  # the finished lab's WideResNet
-MODEL_PARALLEL = "demos/model_parallel.py"
 HANGS = "demos/hangs.py"
 
 # Bytes per parameter that training with Adam keeps: the parameter, its gradient, the optimizer's state.
@@ -124,31 +121,6 @@ def zero_memory(parameters: int, world_size: int, precision: str = "fp32") -> di
     per = PER_PARAMETER[precision]
     return {stage: {kind: parameters * size / (world_size if kind in divided else 1) for kind, size in per.items()}
             for stage, divided in SHARDED_BY_STAGE.items()}
-
-
-# Model parallelism (notebook 22) -------------------------------------------------------------
-
-def run(demo: str = "all", world_size: int = 2, micro_batches: int = 4) -> dict[str, Any]:
-    """The demonstration(s) on `world_size` processes: {"differences": {demo: largest difference
-    from the unsplit computation}, "stages": {rank: [(kind, micro-batch, start, end), ...]}}."""
-    return json_run(MODEL_PARALLEL, "--world-size", str(world_size), "--demo", demo,
-                    "--micro-batches", str(micro_batches))
-
-
-def bubble(stages: dict[str, list[Any]]) -> float:
-    """The share of the step the stages spent idle: 1 - (time busy, summed over the stages) /
-    (stages x the step's length, from the first start to the last end)."""
-    spans = [e for events in stages.values() for e in events]
-    if not spans:
-        raise ValueError("no pipeline events: run the pipeline demonstration")
-    length = max(e[3] for e in spans) - min(e[2] for e in spans)
-    busy = sum(e[3] - e[2] for e in spans)
-    return 1 - busy / (len(stages) * length)
-
-
-def ideal_bubble(stages: int, micro_batches: int) -> float:
-    """GPipe's idle share with equal stages and free communication: (S - 1) / (M + S - 1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 # Debugging hangs (notebook 23) ---------------------------------------------------------------
@@ -362,68 +334,5 @@ def state_shares(runs: dict[int, list[float]]) -> Figure:
     ax.set_title("optimizer state per rank, measured")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    return finish(fig)
-
-
-def tensor_split(world_size: int = 2) -> Figure:
-    """A linear layer's weight (out x in) cut two ways among `world_size` ranks: by rows for the
-    column split (each rank makes some outputs: all-gather them), by columns for the row split
-    (each rank makes a partial sum of every output: all-reduce them)."""
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-    for ax, (title, by_rows, after) in zip(axes, [("column split: W cut by output features", True, "all-gather"),
-                                                  ("row split: W cut by input features", False, "all-reduce")]):
-        for r in range(world_size):
-            box = (Rectangle((0, r / world_size), 1, 1 / world_size) if by_rows
-                   else Rectangle((r / world_size, 0), 1 / world_size, 1))
-            box.set_facecolor(RANK_COLOURS[r % 10])
-            box.set_alpha(0.55)
-            box.set_edgecolor("black")
-            ax.add_patch(box)
-            x, y = ((0.5, (r + 0.5) / world_size) if by_rows else ((r + 0.5) / world_size, 0.5))
-            ax.text(x, y, f"rank {r}", ha="center", va="center", fontsize=9)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(1, 0)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_xlabel("input features")
-        ax.set_ylabel("output features")
-        ax.set_title(f"{title}\nthen {after}", fontsize=9)
-    fig.tight_layout()
-    return finish(fig)
-
-
-def pipeline_timeline(stages: dict[str, list[Any]], title: str = "") -> Figure:
-    """A Gantt chart of a pipeline step: one row per stage, a box per micro-batch's forward (light)
-    and backward (dark), labelled with the micro-batch; the white gaps are the bubble."""
-    fig, ax = plt.subplots(figsize=(8, 0.8 * len(stages) + 1.2))
-    for row, (rank, events) in enumerate(sorted(stages.items(), key=lambda kv: int(kv[0]))):
-        for kind, m, start, end in events:
-            colour = RANK_COLOURS[m % 10]
-            ax.barh(row, (end - start) * 1000, left=start * 1000, color=colour, alpha=0.45 if kind == "forward" else 0.95,
-                    edgecolor="black", linewidth=0.5)
-            ax.text((start + end) / 2 * 1000, row, f"{'F' if kind == 'forward' else 'B'}{m}", ha="center",
-                    va="center", fontsize=7)
-    ax.set_yticks(range(len(stages)), [f"stage {r}" for r in sorted(stages, key=int)])
-    ax.invert_yaxis()
-    ax.set_xlabel("milliseconds into the step")
-    ax.set_title(title or "one pipeline step: F = forward, B = backward of micro-batch k")
-    fig.tight_layout()
-    return finish(fig)
-
-
-def bubbles(measured: dict[int, float], ideal: dict[int, float]) -> Figure:
-    """The idle share of a pipeline step by number of micro-batches, measured and GPipe's (S-1)/(M+S-1)."""
-    ms = sorted(measured)
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.plot(ms, [measured[m] * 100 for m in ms], marker="o", label="measured")
-    ax.plot(ms, [ideal[m] * 100 for m in ms], linestyle="--", color="grey", label="(S-1)/(M+S-1)")
-    ax.set_xticks(ms)
-    ax.set_xlabel("micro-batches (M)")
-    ax.set_ylabel("% of the step idle")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("the bubble shrinks as the micro-batches grow")
     fig.tight_layout()
     return finish(fig)

@@ -59,6 +59,8 @@ class Task(StrEnum):
     TENSOR_PARALLEL = "tensor_parallel"  # f, g and the tensor-parallel layers against unsplit ones (part inside)
     TWO_D = "two_d"              # tensor parallel in groups, data parallel across them, against one process
     STAGES = "stages"            # a pipeline schedule against the unsplit model (part inside)
+    LARS = "lars"                # a LARS optimizer's steps against the formula (part optimizers)
+    KFAC = "kfac"                # a K-FAC preconditioner against the dense computation, on 1 or N ranks
 
 
 RING_SIZES = (12, 1001, 65537)  # 12 divides by 2, 3 and 4; 1001 and 65537 by none of them
@@ -84,6 +86,10 @@ ZERO_STEPS = 3  # optimizer steps of the sharded optimizer's run
 TENSOR_CASES = ("f", "g", "column", "row", "mlp")
 TENSOR_IN, TENSOR_HIDDEN = 12, 16  # the unsplit layers: fc1 12 -> 16 (cut by columns), fc2 16 -> 12 (by rows)
 TWO_D_WORLD, TWO_D_TENSOR = 4, 2  # two_d: 4 processes, tensor parallel in pairs
+# K-FAC (learner_processes/optimizers.py): the model's layers as (inputs, outputs, bias), chosen so that
+# every factor has a size of its own (A: inputs + 1 with a bias; G: outputs), which names the layer
+# and factor of a traced decomposition
+KFAC_LAYERS = ((6, 9, False), (9, 13, True), (13, 4, True))
 
 
 def read_reports(folder: Path) -> list[dict[str, Any]]:
@@ -140,6 +146,11 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # micro-batch `micro`; a pass starts when the stage is called (F) or its output's gradient arrives (B),
     # and ends when it returns (F) or its input's gradient is made (B)
     "phase": ("case", "phase"),
+    # K-FAC (learner_processes/optimizers.py): around each call of the learner's step(); and each
+    # decomposition or inverse the learner's code made (torch.linalg's function, the matrix's size)
+    "kfac_step": ("case", "step"),
+    "kfac_step_end": ("case", "step"),
+    "decomposition": ("fn", "size"),
     "pipeline_case": ("case", "micro_batches"),
     "pass_start": ("case", "kind", "micro"),
     "pass_end": ("case", "kind", "micro"),
@@ -390,6 +401,57 @@ class StagesReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StagesReport:
         return cls(data["world_size"], data["rank"], [StagesCase(**c) for c in data.get("cases", [])], data.get("error"))
+
+
+@dataclass
+class LarsParam:
+    """One parameter moved by the learner's LARS, against the update of notebook 24."""
+
+    name: str                         # what it stands for: "linear weight", "bias", "weight of zeros", ...
+    shape: list[int]
+    difference: float = float("inf")  # largest |difference| over the steps, relative to the parameter's size
+    matches: str | None = None        # a known wrong update it matches instead (optimizers.py, LARS_VARIANTS)
+    moved: bool = False               # whether the steps changed it at all
+
+
+@dataclass
+class LarsReport:
+    world_size: int
+    rank: int
+    params: list[LarsParam] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LarsReport:
+        return cls(data["world_size"], data["rank"], [LarsParam(**p) for p in data.get("params", [])],
+                   data.get("error"))
+
+
+@dataclass
+class KfacCase:
+    """One run of the learner's K-FAC on this rank: a damping, a factor decay and an update frequency."""
+
+    damping: float
+    factor_decay: float
+    update_freq: int
+    # per step, per layer: the largest |difference| from the dense computation on the whole batch,
+    # relative to the largest preconditioned gradient
+    differences: list[list[float]] = field(default_factory=list)
+    matches: str | None = None        # a known wrong preconditioner it matches instead (KFAC_VARIANTS)
+    error: str | None = None
+
+
+@dataclass
+class KfacReport:
+    world_size: int
+    rank: int
+    cases: list[KfacCase] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KfacReport:
+        return cls(data["world_size"], data["rank"], [KfacCase(**c) for c in data.get("cases", [])],
+                   data.get("error"))
 
 
 @dataclass

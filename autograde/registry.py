@@ -17,7 +17,7 @@ from typing import Callable
 
 from autograde.checker.runs import Family, Workspace, family
 from autograde.checks import (inside, inside_hangs, inside_model_parallel, lab, launching, launching_slurm,
-                             scaling, talk)
+                             optimizers, scaling, talk)
 
 @dataclass(frozen=True)
 class Layout:
@@ -172,6 +172,16 @@ ITEMS += [
          "exercises/hang_early_stop.py", "solutions/hang_early_stop.py", (Family.HANG,), inside_hangs.check_hang_early_stop,
          todo="hang_early_stop"),
 ]
+OPTIMIZERS = "optimizers"  # the part "optimizers for large batches": LARS, K-FAC, K-FAC distributed
+ITEMS += [
+    Item("lars", "LARS: a trust ratio per layer", 2, OPTIMIZERS, "24_lars", "exercises/lars.py", "solutions/lars.py",
+         (Family.LARS,), optimizers.check_lars, todo="lars"),
+    Item("kfac", "K-FAC on one process", 3, OPTIMIZERS, "25_kfac", "exercises/kfac.py", "solutions/kfac.py",
+         (Family.KFAC,), optimizers.check_kfac, todo="kfac"),
+    Item("kfac_distributed", "K-FAC distributed layer by layer", 3, OPTIMIZERS, "26_kfac_distributed",
+         "exercises/kfac.py", "solutions/kfac.py", (Family.KFAC,), optimizers.check_kfac_distributed,
+         todo="kfac_distributed"),
+]
 STEPS = [item.id for item in ITEMS]  # in the order a learner does them
 LAB_STEPS = [item.id for item in ITEMS if item.part == LAB]  # the lab's, what `check --all` and progress() check
 BY_ID = {item.id: item for item in ITEMS}
@@ -213,6 +223,8 @@ PARTS = [
     Part(INSIDE, "inside", "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
          "2[0-3]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/hangs.py",
                      "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
+    Part(OPTIMIZERS, "optimizers", "Optimizers for large batches: LARS, K-FAC, K-FAC distributed layer by layer",
+         "2[4-6]_*.ipynb", "2[4-6]_*"),
 ]
 PART = {part.id: part for part in PARTS}
 

@@ -207,6 +207,8 @@ class Family(StrEnum):
     TENSOR_PARALLEL = "tensor_parallel"
     TWO_D = "two_d"
     STAGES = "stages"
+    LARS = "lars"
+    KFAC = "kfac"
     HANG = "hang"
 
 

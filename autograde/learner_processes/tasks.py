@@ -16,7 +16,7 @@ real process group, for the checks that judge a function rather than a whole pro
 
 The tasks (protocol.Task) live in their part's module: talk.py (ring, sampler, collectives),
 scaling.py (calls), inside.py (ddp, zero), inside_model_parallel.py (tensor_parallel, two_d,
-stages). For each world size in turn, a process group of that
+stages), optimizers.py (lars, kfac). For each world size in turn, a process group of that
 many processes is started (forked from this one, which has imported torch already: a launch costs
 one import of torch, not one per process), every rank imports the learner's file as a module
 (its `if __name__ == "__main__":` block does not run) and does the task; rank r of N writes what
@@ -39,18 +39,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autograde import processes
-from autograde.learner_processes import inside, inside_model_parallel, scaling, talk, tracer
-from autograde.protocol import (RING_SIZES, CollectivesReport, DdpReport, ParallelReport, RingReport, SamplerReport,
-                                StagesReport, Task, ZeroReport)
+from autograde.learner_processes import inside, inside_model_parallel, optimizers, scaling, talk, tracer
+from autograde.protocol import (RING_SIZES, CollectivesReport, DdpReport, KfacReport, LarsReport, ParallelReport,
+                                RingReport, SamplerReport, StagesReport, Task, ZeroReport)
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)  # the checker stops a stalled run long before
-CPU_TASKS = (Task.DDP, Task.ZERO, Task.TENSOR_PARALLEL, Task.TWO_D, Task.STAGES)
-Report = RingReport | SamplerReport | CollectivesReport | DdpReport | ZeroReport | ParallelReport | StagesReport
+CPU_TASKS = (Task.DDP, Task.ZERO, Task.TENSOR_PARALLEL, Task.TWO_D, Task.STAGES, Task.LARS, Task.KFAC)
+Report = (RingReport | SamplerReport | CollectivesReport | DdpReport | ZeroReport | ParallelReport | StagesReport
+          | LarsReport | KfacReport)
 # The tasks that run in a process group, each rank calling its function with (rank, options, device)
 IN_A_GROUP: dict[Task, Callable[[int, argparse.Namespace, Any], Report]] = {
     Task.RING: talk.ring, Task.SAMPLER: talk.sampler, Task.COLLECTIVES: talk.collectives,
     Task.DDP: inside.ddp, Task.ZERO: inside.zero, Task.TENSOR_PARALLEL: inside_model_parallel.tensor_parallel,
-    Task.TWO_D: inside_model_parallel.two_d, Task.STAGES: inside_model_parallel.stages}
+    Task.TWO_D: inside_model_parallel.two_d, Task.STAGES: inside_model_parallel.stages, Task.LARS: optimizers.lars,
+    Task.KFAC: optimizers.kfac}
 
 
 def _process(rank: int, options: argparse.Namespace) -> None:

@@ -99,10 +99,7 @@ def worker(rank, args):
     device = torch.device("cuda", rank) if use_gpu else torch.device("cpu")
     dist.init_process_group("nccl" if use_gpu else "gloo", rank=rank, world_size=args.world_size,
                             timeout=datetime.timedelta(seconds=120))
-    if rank == 0:
-        load_datasets(args.data_dir, download=True)
-    dist.barrier()  # the others read the files once rank 0 has them
-    train_set, val_set = load_datasets(args.data_dir, download=False)
+    train_set, val_set = load_datasets(args.data_dir, download=False)  # main() fetched them
     if args.train_images:
         train_set = Subset(train_set, range(min(args.train_images, len(train_set))))
     per_rank = args.batch_size // args.world_size
@@ -162,6 +159,7 @@ def main():
         parser.error("--world-size, --update-freq, --batch-size and --epochs must be at least 1")
     if args.batch_size % args.world_size:
         parser.error("--batch-size must divide by --world-size")
+    load_datasets(args.data_dir, download=True)  # once, before any process starts: one download, one clear error
     with socket.socket() as s:  # a free port for the process group
         s.bind(("localhost", 0))
         os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(s.getsockname()[1]))

@@ -20,7 +20,7 @@ quick mode (DDP_LAB_QUICK=1): the training runs of the ungraded cells are tiny, 
     python -m autograde.course release-exchange|collect|return-feedback [--exchange DIR] [--part PART] [-- NBGRADER_ARGS]
 
 PART is a part of the course (autograde/registry.py's PARTS), each an assignment of its own:
-ddp_lab (the default), processes_talk, launching, scaling or inside_ddp.
+ddp_lab (the default), processes_talk, launching, scaling, inside_ddp or optimizers.
 
 Modules: `assignment.py` builds a part's source assignment from a commit, with the hidden tests;
 `nbgrader_run.py` runs nbgrader with its log filtered; `grading.py` releases, grades and runs the

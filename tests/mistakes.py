@@ -525,3 +525,61 @@ EXERCISE_MISTAKES += [
     Mistake("1f1b_warmup_one_too_many", "1f1b", ((PP_WARMUP, PP_WARMUP.replace(" - 1, m)", ", m)")),),
             "(holding 3 micro-batches' activations at most); 1F1B's order is F0 F1 B0"),
 ]
+# lars.py (notebook 24): LARS's trust ratio
+LARS_RATIO = ("                        update = update * (group[\"eta\"] * weight_norm\n"
+              "                                           / (grad_norm + group[\"weight_decay\"] * weight_norm))\n")
+LARS_MOMENTUM = ("                state = self.state[p]\n                if \"momentum_buffer\" not in state:\n"
+                 "                    state[\"momentum_buffer\"] = group[\"lr\"] * update\n                else:\n"
+                 "                    state[\"momentum_buffer\"].mul_(group[\"momentum\"]).add_(update, alpha=group[\"lr\"])\n"
+                 "                p.sub_(state[\"momentum_buffer\"])\n")
+EXERCISE_MISTAKES += [
+    Mistake("lars_ratio_on_biases", "lars", (("                if p.dim() > 1:", "                if True:"),),
+            "the trust ratio and weight decay were applied to a parameter with one dimension"),
+    Mistake("lars_no_weight_decay_in_ratio", "lars", (
+        (LARS_RATIO, "                        update = update * (group[\"eta\"] * weight_norm / grad_norm)\n"),),
+            "the trust ratio's denominator left out weight decay"),
+    Mistake("lars_no_zero_guard", "lars", (  # a weight whose gradient is 0 gets eta / weight_decay; both 0: nan
+        ("                    if weight_norm > 0 and grad_norm > 0:", "                    if True:"),),
+            "the trust ratio was used where a norm is 0"),
+    Mistake("lars_no_momentum", "lars", ((LARS_MOMENTUM, "                p.sub_(group[\"lr\"] * update)\n"),),
+            "no momentum was kept"),
+]
+# kfac.py (notebooks 25 and 26): K-FAC's factors, their decompositions, and their distribution
+KFAC_FACTORS = "        return a.t() @ a / len(a), g.t() @ g / len(g)\n"
+KFAC_AVERAGE = ("                if layer in self.A:\n"
+                "                    self.A[layer].mul_(self.factor_decay).add_(A, alpha=1 - self.factor_decay)\n"
+                "                    self.G[layer].mul_(self.factor_decay).add_(G, alpha=1 - self.factor_decay)\n"
+                "                else:\n                    self.A[layer], self.G[layer] = A, G\n")
+KFAC_DIVIDE = "        v /= values_g[:, None] * values_a[None, :] + self.damping\n"
+KFAC_WRITE = ("        layer.weight.grad.copy_(grad[:, :layer.in_features])\n        if layer.bias is not None:\n"
+              "            layer.bias.grad.copy_(grad[:, -1])\n")
+EXERCISE_MISTAKES += [
+    Mistake("kfac_damping_on_a_only", "kfac", (
+        (KFAC_DIVIDE, "        v /= values_g[:, None] * (values_a[None, :] + self.damping)\n"),),
+            "the damping was added to A only"),
+    Mistake("kfac_a_and_g_swapped", "kfac", ((KFAC_FACTORS, "        return g.t() @ g / len(g), a.t() @ a / len(a)\n"),),
+            "G multiplies it on the left"),
+    Mistake("kfac_no_bias_column", "kfac", (  # the bias forgotten: A of the inputs alone, the bias's gradient as it was
+        ("        if layer.bias is not None:  # the bias is a weight on an input that is always 1\n"
+         "            a = torch.cat([a, a.new_ones(len(a), 1)], dim=1)\n", ""),
+        ("        if layer.bias is not None:\n            grad = torch.cat([grad, layer.bias.grad[:, None]], dim=1)\n", ""),
+        (KFAC_WRITE, "        layer.weight.grad.copy_(grad)\n")),
+            "the bias was left out"),
+    Mistake("kfac_no_running_average", "kfac", ((KFAC_AVERAGE, "                self.A[layer], self.G[layer] = A, G\n"),),
+            "without the running average"),
+    Mistake("kfac_refreshed_every_step", "kfac", (
+        ("        if self.steps % self.update_freq == 0:", "        if True:"),), "refreshed at every step"),
+    Mistake("kfac_gradients_not_written_back", "kfac", ((KFAC_WRITE, ""),), "step() left the gradients as they were"),
+    Mistake("kfac_distributed_factors_summed", "kfac_distributed", (
+        ("                        factor /= world_size\n", ""),), "summed over the ranks, not averaged"),
+    Mistake("kfac_distributed_factors_not_averaged", "kfac_distributed", (  # each rank's own factors
+        ("                if world_size > 1:  # each rank saw", "                if False:  # each rank saw"),),
+            "from its own share of the batch"),
+    Mistake("kfac_distributed_every_rank_decomposes", "kfac_distributed", (
+        ("                if rank == owner:\n", "                if True:\n"),), "each rank did every layer's work"),
+    Mistake("kfac_distributed_shared_every_step", "kfac_distributed", (  # the same decompositions, sent again each step
+        ("            self.decompose(world_size)\n        for layer", "        self.decompose(world_size)\n        for layer"),),
+            "(update_freq 10: no refresh) made"),
+    Mistake("kfac_distributed_broadcast_not_contiguous", "kfac_distributed", (
+        ("vectors.to(factor.dtype).contiguous()", "vectors.to(factor.dtype)"),), "not contiguous"),
+]

@@ -47,7 +47,20 @@ KFAC_MISTAKES = {
                            "A <- factor_decay x A + (1 - factor_decay) x A of the batch, from the second refresh on"),
     "every_step": ("the factors were refreshed at every step, not every update_freq steps",
                    "refresh at steps 0, update_freq, 2 x update_freq, ...; reuse the last decompositions in between"),
+    "bias_apart": ("the bias was left out: the weight's gradient was preconditioned with an A of the inputs alone, "
+                   "and the bias's gradient left as it was",
+                   "append a 1 to each input of a layer with a bias, and precondition [grad_W | grad_b] as one matrix"),
+    "local_factors": ("each rank's factors came from its own share of the batch, not averaged over the ranks",
+                      "all-reduce each layer's A and G of the batch and divide them by the world size, before the "
+                      "running average"),
 }
+# Seen, not computed: the ranks that broadcast a tensor that is not contiguous (learner_processes/optimizers.py)
+NONCONTIGUOUS = ("{ranks} broadcast a tensor that is not contiguous (eigh's eigenvectors are laid out column by "
+                 "column, and .to() or .float() keeps that layout): broadcast sends the memory as it lies, so the "
+                 "ranks that received it into a contiguous tensor got it transposed",
+                 "call .contiguous() on the eigenvectors before broadcasting them")
+# Words of a RuntimeError that multiplied or divided matrices of the wrong shapes
+SHAPE_ERRORS = ("cannot be multiplied", "must match the size of tensor", "size mismatch", "shape mismatch")
 # Each factor's size names its layer: A's is the layer's inputs (+1 with a bias), G's its outputs
 FACTOR_SIZES = {(i + 1, "A"): inputs + bias for i, (inputs, _, bias) in enumerate(KFAC_LAYERS)}
 FACTOR_SIZES.update({(i + 1, "G"): outputs for i, (_, outputs, _) in enumerate(KFAC_LAYERS)})
@@ -89,13 +102,27 @@ def check_lars(ws: Workspace) -> str:
             "update says, in two param groups")
 
 
+def _shapes() -> str:
+    """Each layer's gradient, G and A, by their shapes: what a RuntimeError of mismatched shapes is measured against."""
+    said = "; ".join(f"layer {i + 1}'s gradient {outputs} x {inputs + bias}, G {outputs} x {outputs}, A "
+                     f"{inputs + bias} x {inputs + bias}" for i, (inputs, outputs, bias) in enumerate(KFAC_LAYERS))
+    return (". A layer's gradient [grad_W | grad_b] is outputs x (inputs + 1 with a bias), its G outputs x outputs, "
+            f"its A (inputs + 1) x (inputs + 1): G multiplies it on the left, A on the right (here {said})")
+
+
 def _judge_kfac(reports: list[KfacReport]) -> None:
+    sent: dict[tuple[int, int], list[int]] = {}  # (world size, case) -> the ranks that broadcast a non-contiguous tensor
+    for r in reports:
+        for i, c in enumerate(r.cases):
+            if c.matches == "noncontiguous_broadcast":
+                sent.setdefault((r.world_size, i), []).append(r.rank)
     for r in reports:
         where = f"with {r.world_size} processes, rank {r.rank}: " if r.world_size > 1 else ""
-        for c in r.cases:
+        for i, c in enumerate(r.cases):
             what = f"damping {c.damping:g}, factor_decay {c.factor_decay:g}, update_freq {c.update_freq}"
-            require(c.error is None, f"{where}with {what}: {c.error}", "KFAC(model, damping=..., factor_decay=..., "
-                    "update_freq=...) must work on a model with layers with and without a bias")
+            shapes = _shapes() if c.error and any(words in c.error for words in SHAPE_ERRORS) else ""
+            require(c.error is None, f"{where}with {what}: {c.error}{shapes}", "KFAC(model, damping=..., "
+                    "factor_decay=..., update_freq=...) must work on a model with layers with and without a bias")
             for step, layers in enumerate(c.differences):
                 for layer, d in enumerate(layers):
                     if d <= TOLERANCE:
@@ -104,6 +131,11 @@ def _judge_kfac(reports: list[KfacReport]) -> None:
                             f"gradient is {d:.1e} from (A kron G + damping I)^-1 grad" if d != float("inf") else
                             f"{where}with {what}, after step() number {step}, layer {layer + 1}'s gradient is not a "
                             "finite number, or changed its shape")
+                    if (r.world_size, i) in sent:
+                        ranks = sent[r.world_size, i]
+                        mistake, fix = NONCONTIGUOUS
+                        require(False, f"{said}: " + mistake.format(ranks=f"rank{'s' * (len(ranks) > 1)} "
+                                                                         f"{', '.join(map(str, ranks))}"), fix)
                     if c.matches in KFAC_MISTAKES:
                         mistake, fix = KFAC_MISTAKES[c.matches]
                         require(False, f"{said}: {mistake}", fix)
@@ -118,7 +150,8 @@ def check_kfac(ws: Workspace) -> str:
     batch; after every step() each layer's gradient equals the dense (A kron G + damping I)^-1
     vec(grad) of the running averages, in float64, to 1e-5 of its largest entry, with damping 1e-3
     and update_freq 1, and with damping 0.1, factor_decay 0.8 and update_freq 3 (the decompositions
-    reused between refreshes). A result that matches a known mistake is named."""
+    reused between refreshes), 16 samples a batch (every factor of full rank). A result that matches a
+    known mistake is named, and a RuntimeError of mismatched shapes is told each layer's shapes."""
     run = ws.called(Family.KFAC, "1", "KFAC on one process", Task.KFAC, ["--world-sizes", "1"])
     _judge_kfac(_reports(run, KfacReport))
     return ("KFAC preconditions every layer (with and without a bias) as the dense computation does, at dampings "
@@ -145,7 +178,8 @@ def check_kfac_distributed(ws: Workspace) -> str:
     every rank's preconditioned gradients equal one process's dense computation on the whole batch, to
     1e-5 (with update_freq 1 and 10); from the trace, at every refresh each factor of each layer was
     decomposed by exactly one rank (a factor's size names its layer), and between refreshes step()
-    made no collective and no decomposition. Factors summed instead of averaged are named."""
+    made no collective and no decomposition. Factors summed, or not averaged at all, are named, and so is
+    a broadcast of a tensor that is not contiguous (it arrives transposed)."""
     sizes = [str(n) for n in KFAC_WORLD_SIZES]
     run = ws.called(Family.KFAC, "-".join(sizes), f"KFAC on {', '.join(sizes)} processes", Task.KFAC,
                     ["--world-sizes", *sizes])

@@ -9,7 +9,8 @@ LARS and K-FAC against their definitions.
   layer without a bias) under DistributedDataParallel, each rank on its share of each batch; after
   every step() each layer's gradient is compared with the dense computation on the whole batch,
   (A kron G + damping I)^-1 vec(grad), in float64, for several dampings and update frequencies, and
-  when it differs with known mistakes (KFAC_VARIANTS). "kfac_step" events mark each step() call,
+  when it differs with known mistakes (KFAC_VARIANTS; a rank that broadcast a tensor that is not
+  contiguous is marked "noncontiguous_broadcast" whatever its own results). "kfac_step" events mark each step() call,
   and every decomposition or inverse torch.linalg makes is traced with its matrix's size
   ("decomposition"): which rank decomposed which factor, and what each step communicated.
 Both run on the CPU with gloo: they are judged on their arithmetic.
@@ -133,7 +134,12 @@ def lars(rank: int, options: argparse.Namespace, device: Any) -> LarsReport:
 
 # --- K-FAC --------------------------------------------------------------------------------------
 
-KFAC_BATCH_PER_RANK, KFAC_IN = 8, KFAC_LAYERS[0][0]
+# Rows of each batch per rank: 16 on one process, so that every factor (at most 14 x 14) has full rank there
+# too, and a damping put on one factor only is a well-posed mistake the variants can match
+KFAC_BATCH_PER_RANK, KFAC_BATCH_ALONE, KFAC_IN = 8, 16, KFAC_LAYERS[0][0]
+# A known mistake is matched to 1e-3: it is 0.1 to 1 from the right result, while its float32 rounding, where the
+# damping is small against the eigenvalues (factors summed over 4 ranks), may be 1e-4 from its float64 reference
+VARIANT_TOLERANCE = 1e-3
 KFAC_CASES = {1: ((1e-3, 0.5, 1, 3), (0.1, 0.8, 3, 5)),  # (damping, factor decay, update freq, steps) on 1 rank
               0: ((1e-3, 0.5, 1, 3), (1e-2, 0.5, 10, 12))}  # on N ranks
 KFAC_VARIANTS = {
@@ -145,7 +151,13 @@ KFAC_VARIANTS = {
     "factored_damping": "the damping split between the factors: (A + sqrt(damping) I) kron (G + sqrt(damping) I)",
     "no_running_average": "each refresh's factors from that batch alone, without the running average",
     "every_step": "the factors refreshed at every step instead of every update_freq steps",
+    "bias_apart": "the bias left out: A of the inputs alone for the weight, the bias's gradient as it was",
+    "local_factors": "each rank's factors from its own share of the batch, not averaged over the ranks",
+    # not computed but seen: this rank broadcast a tensor that is not contiguous (eigh's eigenvectors, column by
+    # column); broadcast sends the memory as it lies, so a rank receiving it into a contiguous one gets it transposed
+    "noncontiguous_broadcast": "a tensor that is not contiguous broadcast as it is",
 }
+OBSERVED_VARIANTS = {"noncontiguous_broadcast"}
 
 
 def kfac_model() -> Any:
@@ -159,11 +171,15 @@ def kfac_model() -> Any:
     return nn.Sequential(*layers)
 
 
+def _kfac_rows(world_size: int) -> int:
+    return KFAC_BATCH_ALONE if world_size == 1 else KFAC_BATCH_PER_RANK
+
+
 def _kfac_batches(world_size: int, steps: int) -> list[tuple[Any, Any]]:
     import torch
 
     generator = torch.Generator().manual_seed(2)
-    n = KFAC_BATCH_PER_RANK * world_size
+    n = _kfac_rows(world_size) * world_size
     return [(torch.randn(n, KFAC_IN, generator=generator), torch.randn(n, KFAC_LAYERS[-1][1], generator=generator))
             for _ in range(steps)]
 
@@ -218,20 +234,29 @@ def _precondition(a: Any, g: Any, grad: Any, damping: float, variant: str | None
 
 
 def kfac_reference(model: Any, batches: list[tuple[Any, Any]], world_size: int, damping: float, decay: float,
-                   update_freq: int, variant: str | None = None) -> list[list[Any]]:
-    """Each step's preconditioned gradient of each layer, one process on the whole batches."""
+                   update_freq: int, variant: str | None = None, share: slice = slice(None)) -> list[list[Any]]:
+    """Each step's preconditioned gradient of each layer, one process on the whole batches (with the
+    variant "local_factors", the factors of the rows `share` alone)."""
+    import torch
+
     averages: list[tuple[Any, Any]] = []
     found = []
     for step, (x, target) in enumerate(batches):
         batch = _factors(model, x, target)
         if step % (1 if variant == "every_step" else update_freq) == 0:
             scale = world_size if variant == "summed" else 1
-            fresh = [(a * scale, g * scale) for a, g, _ in batch]
+            own = _factors(model, x[share], target[share]) if variant == "local_factors" else batch
+            fresh = [(a * scale, g * scale) for a, g, _ in own]
             if averages and variant != "no_running_average":
                 averages = [(decay * a0 + (1 - decay) * a1, decay * g0 + (1 - decay) * g1)
                             for (a0, g0), (a1, g1) in zip(averages, fresh)]
             else:
                 averages = fresh
+        if variant == "bias_apart":  # the weight's gradient with A's block of the inputs; the bias's column kept
+            found.append([torch.cat([_precondition(a[:-1, :-1], g, grad[:, :-1], damping, None), grad[:, -1:]], dim=1)
+                          if bias else _precondition(a, g, grad, damping, None)
+                          for (a, g), (_, _, grad), (_, _, bias) in zip(averages, batch, KFAC_LAYERS)])
+            continue
         found.append([grad if variant == "unpreconditioned" else _precondition(a, g, grad, damping, variant)
                       for (a, g), (_, _, grad) in zip(averages, batch)])
     return found
@@ -257,6 +282,28 @@ def _trace_decompositions() -> None:
         setattr(torch.linalg, name, make(original, name))
 
 
+_noncontiguous_broadcasts = [0]  # how many broadcasts this process made of a tensor that is not contiguous
+
+
+def _watch_broadcasts() -> None:
+    """Count the broadcasts of a tensor that is not contiguous: gloo sends and receives the memory as it
+    lies, so a tensor laid out column by column on one side and row by row on the other arrives transposed."""
+    import torch.distributed as dist
+
+    original = dist.broadcast
+    if getattr(original, "_ddp_lab_contiguous", False):
+        return
+
+    @functools.wraps(original)
+    def watched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(tensor, "is_contiguous", lambda: True)():  # not a tensor: broadcast itself will say so
+            _noncontiguous_broadcasts[0] += 1
+        return original(tensor, *args, **kwargs)
+
+    watched._ddp_lab_contiguous = True  # type: ignore[attr-defined]
+    dist.broadcast = watched
+
+
 def kfac(rank: int, options: argparse.Namespace, device: Any) -> KfacReport:
     import torch
     import torch.nn.functional as F
@@ -265,12 +312,14 @@ def kfac(rank: int, options: argparse.Namespace, device: Any) -> KfacReport:
     report = KfacReport(options.world_size, rank)
     n = options.world_size
     _trace_decompositions()  # before the learner's file is imported: it may keep torch.linalg's functions
+    _watch_broadcasts()
     try:
         kfac_cls = getattr(learner_module(options.script), "KFAC")
     except BaseException as err:
         report.error = short_error(err, options.script)
         return report
-    mine = slice(rank * KFAC_BATCH_PER_RANK, (rank + 1) * KFAC_BATCH_PER_RANK)
+    rows = _kfac_rows(n)
+    mine = slice(rank * rows, (rank + 1) * rows)
     for case, (damping, decay, update_freq, steps) in enumerate(KFAC_CASES[1 if n == 1 else 0]):
         found = KfacCase(damping, decay, update_freq)
         report.cases.append(found)
@@ -279,6 +328,7 @@ def kfac(rank: int, options: argparse.Namespace, device: Any) -> KfacReport:
         model = DistributedDataParallel(kfac_model())
         layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         got: list[list[Any]] = []
+        sent_before = _noncontiguous_broadcasts[0]
         try:
             preconditioner = kfac_cls(model, damping=damping, factor_decay=decay, update_freq=update_freq)
             for step, (x, target) in enumerate(batches):
@@ -293,10 +343,16 @@ def kfac(rank: int, options: argparse.Namespace, device: Any) -> KfacReport:
             return report
         found.differences = [[_relative(m, w, 1e-12) for m, w in zip(mine_step, wanted_step)]
                              for mine_step, wanted_step in zip(got, wanted)]
-        if any(d > TOLERANCE for step in found.differences for d in step):
-            for variant in (v for v in KFAC_VARIANTS if v):
-                other = kfac_reference(kfac_model(), batches, n, damping, decay, update_freq, variant)
-                if all(_relative(m, w, 1e-12) <= TOLERANCE for a, b in zip(got, other) for m, w in zip(a, b)):
+        if _noncontiguous_broadcasts[0] > sent_before:  # the others' results tell whether it did harm
+            found.matches = "noncontiguous_broadcast"
+        elif any(d > TOLERANCE for step in found.differences for d in step):
+            for variant in (v for v in KFAC_VARIANTS if v and v not in OBSERVED_VARIANTS):
+                # local factors: each layer's are this rank's, or those of the rank that decomposed it and sent it
+                shares = [slice(k * rows, (k + 1) * rows) for k in range(n)] if variant == "local_factors" else [mine]
+                others = [kfac_reference(kfac_model(), batches, n, damping, decay, update_freq, variant, s)
+                          for s in shares]
+                if all(any(all(_relative(step[k], other[s][k], 1e-12) <= VARIANT_TOLERANCE
+                               for s, step in enumerate(got)) for other in others) for k in range(len(layers))):
                     found.matches = variant
                     break
     return report

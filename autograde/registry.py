@@ -220,7 +220,7 @@ PARTS = [
                                          "demos/slurm/srun_torchrun_per_node.sbatch")),
     Part(SCALE, "scaling", "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[7-9]_*", ("demos/speed_fixes.py",)),
-    Part(INSIDE, "inside", "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-9]_*.ipynb",
+    Part(INSIDE, "inside", "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-3]_*.ipynb",
          "2[0-3]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/hangs.py",
                      "solutions/fashion_mnist_after_step_10.py")),  # 10: notebook 21 weighs its model
     Part(OPTIMIZERS, "optimizers", "Optimizers for large batches: LARS, K-FAC, K-FAC distributed layer by layer",

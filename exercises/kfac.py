@@ -55,7 +55,7 @@ class KFAC:
         # matrix, with A and G the running averages of notebook 25, refreshed (with their
         # decompositions) at steps 0, update_freq, 2 x update_freq, ... (step() calls counted from 0),
         # the last ones reused in between. Look up: torch.linalg.eigh.
-        # TODO kfac_distributed: on N > 1 ranks (dist.is_initialized()), each seeing 1/N of the batch, the
+        # TODO kfac_distributed: in a process group of N > 1 ranks, each seeing 1/N of the batch, the
         # preconditioned gradients must be those of one process on the whole batch; each layer's
         # decompositions are computed by exactly one rank and reach the others from it; between
         # refreshes, step() makes no collective. Look up: dist.all_reduce, dist.broadcast.

@@ -3,6 +3,7 @@ default time-outs, and how DDP under Join averages the gradients of a step that 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 from pathlib import Path
@@ -48,6 +49,10 @@ def _join_worker(rank: int, port: int, out: str) -> None:
         del ddp
     if rank == 1:
         torch.save(found, out)
+    # DDP's reducers freed (gc: its hooks can make cycles), then both ranks leave together: a rank that
+    # tears gloo down while the other still talks to it can abort (seen once on a loaded machine)
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

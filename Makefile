@@ -30,6 +30,7 @@ help:
 	@echo "make check STEP=4    check a step of fashion_mnist.py (STEP=all: every step; SCRIPT=path for another file)"
 	@echo "make bench           how long the checks take, against the course's targets"
 	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
+	@echo "make slurm-up        a real SLURM of 2 emulated nodes on this machine (root; SLURM_FOLDER=dir); make slurm-down stops it"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
@@ -99,6 +100,15 @@ bench: setup
 .PHONY: gpu-check
 gpu-check: $(if $(findstring $(VENV)/,$(PY)),setup)
 	$(PY) -m autograde.tools.gpu_check $(GPU_CHECK_ARGS)
+
+# A real SLURM (Debian's packages, installed where missing) with emulated nodes: autograde/tools/slurm_cluster.py
+SLURM_FOLDER ?= /tmp/ddp-lab-slurm
+.PHONY: slurm-up slurm-down
+slurm-up: setup
+	$(PY) -m autograde.tools.slurm_cluster up --folder $(SLURM_FOLDER)
+
+slurm-down: setup
+	$(PY) -m autograde.tools.slurm_cluster down --folder $(SLURM_FOLDER)
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)

@@ -56,6 +56,16 @@ def machine() -> Machine:
 course_file = paths.course_file  # notebooks: runtime.course_file("exercises/...")
 
 
+def handed_out(relative: str) -> bool:
+    """Whether the learner's folder holds this file of the course: solutions/ comes with the course's
+    repository, not with an nbgrader assignment, so a fallback on a solution must ask first."""
+    try:
+        paths.course_file(relative)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def script() -> Path:
     """The learner's fashion_mnist.py (the one the checks look at)."""
     path = paths.learner_script()

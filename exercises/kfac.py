@@ -141,22 +141,30 @@ def worker(rank, args):
     dist.destroy_process_group()
 
 
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description="Train with SGD, or SGD preconditioned by K-FAC, on N processes.")
-    parser.add_argument("--world-size", type=int, default=2, help="processes to start")
+    parser.add_argument("--world-size", type=positive_int, default=2, help="processes to start")
     parser.add_argument("--optimizer", choices=["sgd", "kfac"], default="kfac")
-    parser.add_argument("--update-freq", type=int, default=10, help="K-FAC: refresh the factors every k steps")
+    parser.add_argument("--update-freq", type=positive_int, default=10, help="K-FAC: refresh the factors every k steps")
     parser.add_argument("--damping", type=float, default=0.003)
     parser.add_argument("--kl-clip", type=float, default=0.001, help="K-FAC: the largest step, see kl_clip()")
-    parser.add_argument("--batch-size", type=int, default=1024, help="the global batch")
+    parser.add_argument("--batch-size", type=positive_int, default=1024, help="the global batch")
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=positive_int, default=3)
     parser.add_argument("--train-images", type=int, default=0, help="train on the first N images only (0: all)")
     parser.add_argument("--data-dir", default=os.environ.get("DDP_LAB_DATA_DIR", "./data"))
     parser.add_argument("--log-file", help="rank 0 appends one JSON line per epoch to this file")
     args = parser.parse_args()
-    if min(args.world_size, args.update_freq, args.batch_size, args.epochs) < 1:
-        parser.error("--world-size, --update-freq, --batch-size and --epochs must be at least 1")
     if args.batch_size % args.world_size:
         parser.error("--batch-size must divide by --world-size")
     load_datasets(args.data_dir, download=True)  # once, before any process starts: one download, one clear error

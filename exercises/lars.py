@@ -96,13 +96,23 @@ def accuracy(model, loader):
     return correct / total
 
 
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description="Train at a large batch with SGD or LARS.")
     parser.add_argument("--optimizer", choices=["sgd", "lars"], default="lars")
-    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--batch-size", type=positive_int, default=2048)
     parser.add_argument("--lr", type=float, default=8.0, help="the global rate, reached after the warm-up")
     parser.add_argument("--warmup-epochs", type=float, default=2, help="the rate rises linearly from 0 over these")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=positive_int, default=6)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--model", choices=["wideresnet", "mlp"], default="wideresnet",
                         help="the lab's WideResNet, or exercises/kfac.py's small network")
@@ -111,8 +121,8 @@ def main():
     parser.add_argument("--data-dir", default=os.environ.get("DDP_LAB_DATA_DIR", "./data"))
     parser.add_argument("--log-file", help="append one JSON line per epoch to this file")
     args = parser.parse_args()
-    if args.batch_size < 1 or args.epochs < 1 or args.lr <= 0:
-        parser.error("--batch-size, --epochs and --lr must be positive")
+    if args.lr <= 0:
+        parser.error("--lr must be above 0")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
     train_set, val_set = load_datasets(args.data_dir)

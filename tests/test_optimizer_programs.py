@@ -48,8 +48,9 @@ def test_the_kfac_program_trains_on_two_processes_and_logs_every_epoch(stand_in:
 
 @pytest.mark.parametrize("script, args, words", [
     (KFAC, ["--world-size", "2", "--batch-size", "63"], ["must divide by --world-size"]),
-    (KFAC, ["--update-freq", "0"], ["must be at least 1"]),
-    (LARS, ["--batch-size", "0"], ["must be positive"]),
+    (KFAC, ["--update-freq", "0"], ["--update-freq", "below 1"]),
+    (LARS, ["--batch-size", "0"], ["--batch-size", "below 1"]),
+    (LARS, ["--lr", "-1"], ["--lr must be above 0"]),
 ])
 def test_the_programs_refuse_bad_arguments_in_one_line(stand_in: Path, script: Path, args: list[str],
                                                        words: list[str]) -> None:

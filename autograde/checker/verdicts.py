@@ -8,7 +8,7 @@ raises `Failed` (through `require`) when it is wrong. It never names its own ite
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from autograde.checker.runs import Run
 
@@ -63,3 +63,18 @@ def run_ok(run: Run, what: str) -> None:
     """Fail when a run that the item needs crashed or deadlocked."""
     problem = run.problem()
     require(problem is None, problem or "", what)
+
+
+def rank_reports(run: Run, report_type: Any, hint: str) -> list[Any]:
+    """Each rank's report of a task's run (`report_type.from_json`), by world size and rank, judged
+    first for a deadlock, then for a run that reported nothing, then for what the learner's file
+    raised, named with its rank where there are several."""
+    reports = sorted((report_type.from_json(r) for r in (run.report or {}).get("ranks", [])),
+                     key=lambda r: (r.world_size, r.rank))
+    if run.stalled or any(r.timed_out for r in run.results):
+        run_ok(run, "every rank must make the same collectives in the same order")
+    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
+    for r in reports:
+        require(r.error is None, f"{f'with {r.world_size} processes, rank {r.rank}: ' if r.world_size > 1 else ''}"
+                f"{r.error}", hint)
+    return reports

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from autograde.checker.runs import Family, Run, Workspace
-from autograde.checker.verdicts import require, run_ok
+from autograde.checker.verdicts import rank_reports, require, run_ok
 from autograde.checks.inside import traces_by_rank
 from autograde.protocol import (COLLECTIVES, TENSOR_CASES, TENSOR_HIDDEN, TWO_D_TENSOR, TWO_D_WORLD, ParallelCase,
                                 ParallelReport, ProcessTrace, StagesReport, Task)
@@ -49,14 +49,7 @@ def _collectives(trace: ProcessTrace, case: str) -> dict[str, list[dict[str, Any
 
 
 def _parallel_reports(run: Run) -> list[ParallelReport]:
-    reports = sorted((ParallelReport.from_json(r) for r in (run.report or {}).get("ranks", [])),
-                     key=lambda r: (r.world_size, r.rank))
-    if run.stalled:
-        run_ok(run, "every rank must make the same collectives in the same order")
-    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    for r in reports:
-        require(r.error is None, f"with {r.world_size} processes, rank {r.rank}: {r.error}",
-                "the file must import without errors")
+    reports: list[ParallelReport] = rank_reports(run, ParallelReport, "the file must import without errors")
     return reports
 
 

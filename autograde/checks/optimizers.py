@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from autograde.checker.runs import Family, Run, Workspace
-from autograde.checker.verdicts import require, run_ok
+from autograde.checker.verdicts import rank_reports, require
 from autograde.checks.inside import traces_by_rank
 from autograde.protocol import COLLECTIVES, KFAC_LAYERS, KfacReport, LarsReport, ProcessTrace, Task
 
@@ -67,15 +67,7 @@ FACTOR_SIZES.update({(i + 1, "G"): outputs for i, (_, outputs, _) in enumerate(K
 
 
 def _reports(run: Run, report_type: Any) -> list[Any]:
-    reports = sorted((report_type.from_json(r) for r in (run.report or {}).get("ranks", [])),
-                     key=lambda r: (r.world_size, r.rank))
-    if run.stalled or any(r.timed_out for r in run.results):
-        run_ok(run, "every rank must make the same collectives in the same order")
-    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    for r in reports:
-        require(r.error is None, f"{f'rank {r.rank} of {r.world_size}: ' if r.world_size > 1 else ''}{r.error}",
-                "the file must import, and its class work as the TODO's contract says")
-    return reports
+    return rank_reports(run, report_type, "the file must import, and its class work as the TODO's contract says")
 
 
 def check_lars(ws: Workspace) -> str:

@@ -3,8 +3,8 @@ must pass its exercise's check (tests/test_checks_recorded.py replays their reco
 .venv/bin/python tests/record_runs.py records them).
 
 A style file either is a whole program (it has its own `__main__` block), or holds the
-definitions that replace one function, class or assignment of the exercise's solution (its first line says which:
-`# replaces: compute_pi`), as a learner fills the TODOs in their own way. The styles differ
+definitions that replace functions, classes or assignments of the exercise's solution (its first line says which:
+`# replaces: compute_pi`, or several: `# replaces: CopyToParallel, ReduceFromParallel`), as a learner fills the TODOs in their own way. The styles differ
 where learners differ: loops or tensors, strided or blocked shares, reduce or all_reduce or
 all_gather, numpy, blocking calls in a safe order, batch_isend_irecv, a returned tensor instead
 of an in-place one, a ring that turns the other way, helpers of their own.
@@ -27,16 +27,24 @@ def item_of(style: Path) -> str:
 
 
 def learner_file(style: Path) -> str:
-    """The style as a whole exercise file."""
+    """The style as a whole exercise file: its text in place of the first definition its header
+    names (`# replaces: A, B`), the others it names removed from the solution (the style defines
+    them too)."""
     text = style.read_text()
     first = text.splitlines()[0]
     if not first.startswith("# replaces: "):
         return text
-    function = first.removeprefix("# replaces: ").strip()
+    names = [name.strip() for name in first.removeprefix("# replaces: ").split(",")]
     item = registry.item(item_of(style))
     solution = (paths.REPO / str(item.checkpoint)).read_text()
-    (node,) = [n for n in ast.parse(solution).body
-               if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == function)
-               or (isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == [function])]
+    nodes = sorted((n for n in ast.parse(solution).body
+                    if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names)
+                    or (isinstance(n, ast.Assign) and len(n.targets) == 1
+                        and getattr(n.targets[0], "id", None) in names)), key=lambda n: n.lineno)
+    assert len(nodes) == len(names), f"{style.name}: the solution does not define each of {names} once"
     lines = solution.splitlines(keepends=True)
-    return "".join(lines[:node.lineno - 1]) + text + "".join(lines[node.end_lineno:])
+    found, start = [], 0
+    for k, node in enumerate(nodes):
+        found += lines[start:node.lineno - 1] + ([text] if k == 0 else [])
+        start = node.end_lineno or node.lineno
+    return "".join(found + lines[start:])

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autograde import processes
+from autograde.tools import debian
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 COMMANDS = ("slurmctld", "slurmd", "sinfo", "srun", "sbatch", "scancel", "squeue", "munged")
@@ -68,27 +69,9 @@ class Cluster:
         return cls(Path(data["folder"]), data["nodes"], data["pids"], data["hosts_marker"])
 
 
-def missing() -> list[str]:
-    return [c for c in COMMANDS if shutil.which(c) is None and not Path("/usr/sbin", c).exists()]
-
-
 def install() -> str | None:
     """Install SLURM and munge where they are missing; None when they are there, else why not."""
-    if not missing():
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return (f"SLURM is not installed ({', '.join(missing())} missing) and this is not root with apt-get: "
-                f"apt-get install {' '.join(PACKAGES)}")
-    result = subprocess.run(["apt-get", "install", "-y", "-q", *PACKAGES], capture_output=True, text=True,
-                            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
-    if result.returncode != 0:  # the package lists may be missing on a fresh machine
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
-        result = subprocess.run(["apt-get", "install", "-y", "-q", *PACKAGES], capture_output=True, text=True,
-                                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
-    if result.returncode != 0 or missing():
-        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        return f"apt-get install {' '.join(PACKAGES)} failed: {last[0]}"
-    return None
+    return debian.install(PACKAGES, COMMANDS)
 
 
 def _conf(folder: Path, nodes: list[str], cpus: int) -> str:

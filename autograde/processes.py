@@ -152,20 +152,25 @@ def cpu_seconds(pgids: Sequence[int]) -> float:
     return sum(cpu for _, group, cpu, _, mark in _processes() if any(_ours(p, group, mark) for p in pgids))
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process of the launch: its group, and the processes that carry its mark
-    (gone already is fine)."""
+def signal_launch(pgid: int, signum: int) -> None:
+    """Send `signum` to every process of the launch: its group, and the processes that carry its
+    mark (torchrun's workers, SLURM's tasks: in sessions of their own). Gone already is fine."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, signum)
     except ProcessLookupError:
         pass
     if pgid in _marks and Path("/proc").is_dir():
         for _, group, _, pid, mark in _processes():
             if _ours(pgid, group, mark) and pid != os.getpid():
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the launch (`signal_launch`)."""
+    signal_launch(pgid, signal.SIGKILL)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = None) -> Result:

@@ -194,3 +194,55 @@ def assert_clean_error(result: processes.Result, *words: str) -> None:
     for word in words:
         assert word in errors[0], errors[0]
     assert not result.leftover, "processes were left running"
+
+
+# --- A real SLURM -------------------------------------------------------------------------------------
+
+class Slurm:
+    """A SLURM for the session's tests: the system's where sbatch has one, else the course's cluster
+    (autograde/tools/slurm_cluster.py, 2 emulated nodes n1 and n2), reused where it is already up
+    and otherwise brought up on first use (again after a test brought it down). `env` is what
+    sbatch, srun and the course's `job` runner need to reach it."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    @property
+    def env(self) -> dict[str, str]:
+        from autograde.tools import slurm_cluster
+
+        if slurm_cluster.system_slurm():
+            return {}
+        found = slurm_cluster.running()
+        if found is None:
+            try:
+                found = slurm_cluster.up()
+            except slurm_cluster.ClusterError as err:
+                pytest.skip(f"no SLURM here: {err}")
+            self.started = True
+        return {"SLURM_CONF": str(found.conf)}
+
+    def job(self, *args: str | Path, env: Mapping[str, str] | None = None, timeout: float = 120,
+            cwd: Path = ROOT) -> processes.Result:
+        """`sbatch ARGS` to the end of its job (the course's `job` runner): the job's output, its exit status."""
+        return processes.run([processes.PYTHON, "-m", "autograde.tools.slurm_cluster", "job", *args],
+                             timeout=timeout, cwd=cwd, env={**self.env, **(env or {})})
+
+
+_SLURM = Slurm()
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Slurm:
+    """The session's SLURM (see `Slurm`); a test that uses it skips, with the reason, where there
+    can be none (not root, SLURM not installable): the only reason a SLURM test may skip."""
+    return _SLURM
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A cluster the session brought up is taken down at its end (outside any test, whose `launch`
+    guard would refuse the commands that stop it), leaving no daemon behind."""
+    if _SLURM.started:
+        from autograde.tools import slurm_cluster
+
+        slurm_cluster.down()

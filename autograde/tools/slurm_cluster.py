@@ -3,6 +3,7 @@
     python -m autograde.tools.slurm_cluster up [--folder DIR] [--nodes 2]   # prints the SLURM_CONF to export
     python -m autograde.tools.slurm_cluster down [--folder DIR]
     (make slurm-up / make slurm-down)
+    python -m autograde.tools.slurm_cluster job [SBATCH OPTIONS] SCRIPT [ARGS]   # sbatch in the foreground
 
 Debian's slurmctld, slurmd, slurm-client and munge packages (SLURM 22.05) are installed with
 apt-get where they are missing and this runs as root. Everything the cluster writes lives in one
@@ -12,8 +13,14 @@ name is `ctl`, and node k in one whose host name is `nk`, at the address 127.0.0
 its own, so that srun's tasks see their node's name and SLURM_* variables as on a real cluster; the
 names resolve through lines this adds to /etc/hosts (and removes again). `up` waits until `sinfo`
 shows every node idle; `down` cancels every job, waits for them to end, then stops each daemon it
-started, by pid. What it cannot show: real networks, GPUs (gres), accounting (sacct needs slurmdbd)
-and cgroup limits.
+started, by pid. Each node declares 32 CPUs and 4 GPUs (gres, whose "devices" are empty files), so
+that the course's batch scripts run as written; the tasks use this machine's CPUs. What it cannot
+show: real networks, real GPUs, accounting (sacct needs slurmdbd and a database) and cgroup limits.
+
+`job` is sbatch as a command that ends with its job: it submits, follows the job's output, exits
+with the job's exit status, and cancels the job if it is stopped itself (SIGTERM, Ctrl-C). It
+talks to whichever SLURM sbatch finds (SLURM_CONF), a real cluster's as well as this one's; it
+polls every 0.2 s where `sbatch --wait` sleeps 2, 8 then 32 s between looks.
 """
 from __future__ import annotations
 
@@ -26,8 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from autograde import processes
 from autograde.tools import debian
@@ -74,7 +83,7 @@ def install() -> str | None:
     return debian.install(PACKAGES, COMMANDS)
 
 
-def _conf(folder: Path, nodes: list[str], cpus: int) -> str:
+def _conf(folder: Path, nodes: list[str], cpus: int, gpus: int) -> str:
     ctl_port, node_ports = processes.free_port(), [processes.free_port() for _ in nodes]
     lines = [
         "ClusterName=ddplab",
@@ -89,10 +98,10 @@ def _conf(folder: Path, nodes: list[str], cpus: int) -> str:
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         "SwitchType=switch/none", "InactiveLimit=0", "KillWait=5", "MinJobAge=300", "SlurmctldTimeout=30",
-        "SlurmdTimeout=30", "Waittime=0",
+        "SlurmdTimeout=30", "Waittime=0", "GresTypes=gpu", "SlurmdParameters=config_overrides",
     ]
     for k, (name, port) in enumerate(zip(nodes, node_ports)):
-        lines.append(f"NodeName={name} NodeAddr=127.0.0.{k + 1} Port={port} CPUs={cpus} State=UNKNOWN")
+        lines.append(f"NodeName={name} NodeAddr=127.0.0.{k + 1} Port={port} CPUs={cpus} Gres=gpu:{gpus} State=UNKNOWN")
     lines.append(f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
@@ -129,7 +138,7 @@ def _idle(cluster: Cluster) -> list[str]:
     return [line.split()[0] for line in result.stdout.splitlines() if line.split()[1:] == ["idle"]]
 
 
-def up(folder: Path = DEFAULT_FOLDER, nodes: int = 2, cpus: int = 2) -> Cluster:
+def up(folder: Path = DEFAULT_FOLDER, nodes: int = 2, cpus: int = 32, gpus: int = 4) -> Cluster:
     """Bring the cluster up (installing what is missing) and wait until every node is idle."""
     why = install()
     if why is not None:
@@ -150,7 +159,11 @@ def up(folder: Path = DEFAULT_FOLDER, nodes: int = 2, cpus: int = 2) -> Cluster:
         _start(cluster, "munged", ["munged", "--foreground", "--force", f"--socket={folder}/munge/munge.sock",
                                    f"--key-file={key}", f"--pid-file={folder}/munge/munged.pid",
                                    f"--log-file={folder}/log/munged.log", f"--seed-file={folder}/munge/seed"])
-        cluster.conf.write_text(_conf(folder, cluster.nodes, cpus))
+        cluster.conf.write_text(_conf(folder, cluster.nodes, cpus, gpus))
+        (folder / "dev").mkdir()
+        for k in range(gpus):
+            (folder / "dev" / f"gpu{k}").touch()
+        (folder / "gres.conf").write_text(f"Name=gpu File={folder}/dev/gpu[0-{gpus - 1}]\n")
         _add_hosts(cluster)
         cluster.save()
         _start(cluster, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(cluster.conf)], hostname="ctl")
@@ -211,13 +224,120 @@ def down(folder: Path = DEFAULT_FOLDER) -> None:
     (folder / "cluster.json").unlink()
 
 
-def main() -> None:
+def running(folder: Path = DEFAULT_FOLDER) -> Cluster | None:
+    """The cluster `up` started in `folder`, if every one of its daemons is still running."""
+    try:
+        cluster = Cluster.load(folder)
+    except (OSError, ValueError, KeyError):
+        return None
+    return cluster if cluster.pids and all(_alive(pid) for pid in cluster.pids.values()) else None
+
+
+def system_slurm() -> bool:
+    """Whether sbatch already has a SLURM of its own to talk to (a real cluster's login node, or
+    SLURM_CONF exported after `make slurm-up`), which is then used as it is."""
+    return bool(os.environ.get("SLURM_CONF")) or Path("/etc/slurm/slurm.conf").exists()
+
+
+@contextmanager
+def available(folder: Path = DEFAULT_FOLDER) -> Iterator[dict[str, str]]:
+    """The environment in which sbatch and srun reach a SLURM: the system's (as it is), the course's
+    cluster already running in `folder`, or one brought up for the while and taken down after.
+    Raises ClusterError, with what to do, where there can be none."""
+    if system_slurm():
+        yield {}
+        return
+    found = running(folder)
+    if found is not None:
+        yield {"SLURM_CONF": str(found.conf)}
+        return
+    cluster = up(folder)
+    try:
+        yield {"SLURM_CONF": str(cluster.conf)}
+    finally:
+        down(folder)
+
+
+# --- sbatch as a command that ends with its job ------------------------------------------------
+
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+        "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+
+
+def _job_fields(job: str) -> dict[str, str]:
+    """`scontrol show job -o`'s KEY=VALUE fields of the job (empty once SLURM forgot it)."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30)
+    return dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f) if shown.returncode == 0 else {}
+
+
+def _exit_status(fields: dict[str, str]) -> int:
+    """The job's exit status as a shell gives it: the batch script's, or 128 + the signal that ended it."""
+    code, _, signum = fields.get("ExitCode", "1:0").partition(":")
+    if fields.get("JobState") in ("CANCELLED", "TIMEOUT") and code == "0" and signum in ("", "0"):
+        return 128 + signal.SIGTERM
+    return 128 + int(signum) if signum not in ("", "0") else int(code)
+
+
+def run_job(sbatch_args: list[str], poll: float = 0.2) -> int:
+    """Submit a batch job (`sbatch SBATCH_ARGS`), print its output as it comes, and return its exit
+    status once it has ended; stopped by SIGTERM or SIGINT, cancel the job first and wait for it."""
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-job-") as folder:
+        output = Path(folder, "job.out")
+        submitted = subprocess.run(["sbatch", "--parsable", f"--output={output}", *sbatch_args],
+                                   capture_output=True, text=True, timeout=60)
+        if submitted.returncode != 0:
+            sys.stderr.write(submitted.stderr or submitted.stdout or "sbatch failed\n")
+            return submitted.returncode or 1
+        job = submitted.stdout.strip().split(";")[0]
+        print(f"Submitted batch job {job}", flush=True)
+        stopped: list[int] = []
+
+        def stop(signum: int, frame: object) -> None:
+            if not stopped:
+                stopped.append(signum)
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        shown = 0
+        try:
+            deadline = None
+            while True:
+                fields = _job_fields(job)
+                if output.exists():
+                    text = output.read_bytes()
+                    sys.stdout.write(text[shown:].decode(errors="replace"))
+                    sys.stdout.flush()
+                    shown = len(text)
+                if not fields or fields.get("JobState", "").split("+")[0] in DONE:
+                    break
+                if stopped:  # cancelled: give it KillWait and a little more to end
+                    deadline = deadline or time.monotonic() + DOWN_SECONDS
+                    if time.monotonic() > deadline:
+                        break
+                time.sleep(poll)
+            if output.exists():  # the last lines, written as the job ended
+                sys.stdout.write(output.read_bytes()[shown:].decode(errors="replace"))
+                sys.stdout.flush()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        if stopped:
+            return 128 + stopped[0]
+        return _exit_status(fields) if fields else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["job"]:
+        if len(argv) < 2:
+            sys.exit("slurm_cluster job: give sbatch's options and a batch script: job [OPTIONS] SCRIPT [ARGS]")
+        sys.exit(run_job(argv[1:]))
     parser = argparse.ArgumentParser(prog="python -m autograde.tools.slurm_cluster",
                                      description="A SLURM cluster of emulated nodes on this machine.")
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER, help="where the cluster keeps everything")
     parser.add_argument("--nodes", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.nodes < 1 or args.nodes > 200:
         parser.error("--nodes must be between 1 and 200")
     try:

@@ -217,7 +217,8 @@ PARTS = [
     Part(LAUNCH, "launching", "Launching for real: torchrun, checkpoints and restarts, SLURM, nodes that never arrive",
          "1[4-6]_*.ipynb", "1[4-6]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
                                          "demos/slurm/srun_one_task_per_gpu.sbatch",
-                                         "demos/slurm/srun_torchrun_per_node.sbatch")),
+                                         "demos/slurm/srun_torchrun_per_node.sbatch",
+                                         "demos/mpi/mpirun_fashion_mnist.sh")),
     Part(SCALE, "scaling", "Scaling: measure it, model it, find where the time goes, train with large batches",
          "1[7-9]_*.ipynb", "1[7-9]_*", ("demos/speed_fixes.py",)),
     Part(INSIDE, "inside", "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-3]_*.ipynb",

@@ -4,22 +4,20 @@ MASTER_PORT) and pick its GPU as a script started by torchrun does (LOCAL_RANK, 
 
     python exercises/slurm_env.py --nodes 2 --ntasks-per-node 2
 
-Started by hand, it runs itself as the tasks of a job under the course's stand-in for SLURM
-(autograde/tools/fake_slurm.py: the nodes are 127.0.0.1, 127.0.0.2, ... of this machine):
-`srun` starts one task per process, and each task, this same file again, turns its SLURM_*
-variables into PyTorch's, joins a gloo group and makes one all_reduce to prove that the group
-formed. On a cluster, `srun python exercises/slurm_env.py` inside a job does the same.
+Started by hand, it asks SLURM for a job and runs itself as its tasks: `srun` starts one task per
+process, and each task, this same file again, turns its SLURM_* variables into PyTorch's, joins a
+gloo group and makes one all_reduce to prove that the group formed. It needs a SLURM to talk to:
+a cluster's login node, or the course's cluster on this machine (`make slurm-up`, then the
+`export SLURM_CONF=...` it prints; its nodes n1, n2 are emulated on this one machine).
 
 Your TODO is torch_env_from_slurm(). Starting the job and joining the group are done for you.
 """
 import argparse
 import datetime
 import os
-import shlex
+import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # the ports a job's rendezvous may get: 20000 to 39999
 
@@ -65,21 +63,19 @@ def positive_int(text):
 
 
 def submit(nodes, per_node):
-    """Run this file as the tasks of a job of `nodes` x `per_node` under the course's fake SLURM
-    (the course's package, autograde, must be importable: it is in the course's environment)."""
-    with tempfile.TemporaryDirectory(prefix="slurm_env_") as folder:
-        batch = Path(folder, "slurm_env.sbatch")
-        batch.write_text("#!/bin/bash\n"
-                         f"srun --kill-on-bad-exit=1 {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))}\n")
-        return subprocess.run([sys.executable, "-m", "autograde.tools.fake_slurm", "--nodes", str(nodes),
-                               "--ntasks-per-node", str(per_node), str(batch)]).returncode
+    """Run this file as the tasks of a job of `nodes` x `per_node`: srun, outside a job, asks for
+    one and starts the tasks in it. --kill-on-bad-exit: one failing task stops the others."""
+    if shutil.which("srun") is None:
+        sys.exit("srun not found: run this where SLURM is (a cluster's login node, or `make slurm-up` here)")
+    return subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1",
+                           sys.executable, os.path.abspath(__file__)]).returncode
 
 
 def main():
     if "SLURM_PROCID" in os.environ:  # a task that srun started
         join()
         return
-    parser = argparse.ArgumentParser(description="Run this file as the tasks of a job under the fake SLURM.")
+    parser = argparse.ArgumentParser(description="Run this file as the tasks of a SLURM job.")
     parser.add_argument("--nodes", type=positive_int, default=2, help="nodes of the job (default 2)")
     parser.add_argument("--ntasks-per-node", type=positive_int, default=2, help="tasks on each node (default 2)")
     args = parser.parse_args()

@@ -1,7 +1,8 @@
 """The exercise of notebook 16 (exercises/slurm_env.py, item slurm_env) and the claims the notebook
 makes about it, each checked against the installed PyTorch or by running it: what env:// reads,
 where the rendezvous' store runs, what torchrun sets, how the untouched file fails, and that the
-made-up tasks the check calls the function with are the tasks srun gives (the fake SLURM's).
+made-up tasks the check calls the function with are the tasks a real srun gives, their node lists
+expanded as SLURM's own `scontrol` expands them (the `slurm` fixture: the course's cluster).
 
 The check itself is judged on recordings (tests/test_checks_recorded.py -k slurm_env)."""
 from __future__ import annotations
@@ -17,9 +18,8 @@ import pytest
 
 from autograde import processes
 from autograde.checker.verdicts import Failed
-from autograde.checks import launching_slurm as slurm
-from autograde.tools.fake_slurm import expand_hostlist
-from conftest import ROOT, assert_clean_error
+from autograde.checks import launching_slurm as checks
+from conftest import ROOT, Slurm, assert_clean_error
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -117,11 +117,12 @@ def test_torchrun_sets_local_rank_and_local_world_size_for_its_workers() -> None
 
 
 @pytest.mark.launch
-def test_the_untouched_exercise_fails_in_init_process_group_as_the_notebook_says() -> None:
-    result = processes.run([processes.PYTHON, EXERCISE, "--nodes", "1", "--ntasks-per-node", "1"], timeout=90, cwd=ROOT)
+def test_the_untouched_exercise_fails_in_init_process_group_as_the_notebook_says(slurm: Slurm) -> None:
+    result = processes.run([processes.PYTHON, EXERCISE, "--nodes", "1", "--ntasks-per-node", "1"], timeout=90, cwd=ROOT,
+                           env=slurm.env)
     assert result.returncode != 0, result.output
     assert "environment variable RANK expected, but not set" in result.output, result.output
-    assert "srun: error: 127.0.0.1: task 0" in result.output, result.output
+    assert "srun: error: n1: task 0" in result.output, result.output
     assert not result.leftover
 
 
@@ -133,9 +134,9 @@ def test_the_exercise_refuses_a_bad_layout_in_one_line(args: list[str], words: l
 
 
 @pytest.mark.launch
-def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(tmp_path: Path) -> None:
-    """The check calls the learner's function with task_environ(): the SLURM variables the fake
-    srun gives each task of a 2 x 2 job, with the same values (its nodes 127.0.0.1 and .2)."""
+def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(slurm: Slurm, tmp_path: Path) -> None:
+    """The check calls the learner's function with task_environ(): the SLURM variables a real srun
+    gives each task of a 2 x 2 batch job, with the same values (the nodes n1 and n2)."""
     dump = tmp_path / "dump.py"
     dump.write_text("import json, os, sys\nfrom pathlib import Path\n"
                     "Path(sys.argv[1], os.environ['SLURM_PROCID']).write_text(json.dumps(dict(os.environ)))\n")
@@ -143,15 +144,13 @@ def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(tmp_path: Path) -> No
     out.mkdir()
     batch = tmp_path / "env.sbatch"
     batch.write_text(f"#!/bin/bash\nsrun {processes.PYTHON} {dump} {out}\n")
-    result = processes.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", "--nodes", "2", "--ntasks-per-node", "2",
-                         batch], timeout=60, cwd=ROOT)
+    result = slurm.job("--nodes=2", "--ntasks-per-node=2", batch, timeout=60)
     assert result.returncode == 0, result.output
     for task in range(4):
         given = json.loads((out / str(task)).read_text())
-        made_up = slurm.task_environ(int(given["SLURM_JOB_ID"]), "127.0.0.[1-2]", 2, task)
-        # not compared: the job's name, the address srun was started from, and the tasks per node,
-        # which SLURM writes compressed ("2(x2)", as task_environ does) and the fake as a list ("2,2")
-        skip = ("SLURM_JOB_NAME", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE")
+        made_up = checks.task_environ(int(given["SLURM_JOB_ID"]), "n[1-2]", ("n1", "n2"), 2, task)
+        # not compared: the job's name, and the host and address sbatch and srun were started from
+        skip = ("SLURM_JOB_NAME", "SLURM_SUBMIT_HOST", "SLURM_LAUNCH_NODE_IPADDR")
         shared = sorted(k for k in made_up if k in given and k not in skip)
         assert len(shared) >= 15, shared
         assert {k: made_up[k] for k in shared} == {k: given[k] for k in shared}, task
@@ -161,17 +160,25 @@ def test_the_checks_made_up_tasks_are_the_tasks_srun_gives(tmp_path: Path) -> No
             assert name in shared, name
 
 
+@pytest.mark.launch
+def test_the_made_up_jobs_hosts_are_what_scontrol_expands_their_node_lists_to(slurm: Slurm) -> None:
+    """The check's table of made-up jobs holds each node list's hosts: SLURM's own expansion."""
+    for _, nodelist, hosts, _ in checks.JOBS:
+        shown = processes.run(["scontrol", "show", "hostnames", nodelist], timeout=30, env=slurm.env)
+        assert tuple(shown.stdout.split()) == hosts, shown.output
+
+
 def test_the_solution_is_right_for_every_made_up_job_and_the_judge_catches_a_wrong_one() -> None:
     """judge_job, the check's rules, in this process on plain data: the right mapping passes for
     every job the check makes up; a rank taken from SLURM_LOCALID fails."""
-    for job_id, nodelist, per_node in slurm.JOBS:
-        tasks = slurm._job_tasks(job_id, nodelist, per_node)
+    for job_id, nodelist, hosts, per_node in checks.JOBS:
+        tasks = checks._job_tasks(job_id, nodelist, hosts, per_node)
         right = [{"RANK": t["SLURM_PROCID"], "LOCAL_RANK": t["SLURM_LOCALID"], "WORLD_SIZE": t["SLURM_NTASKS"],
-                  "LOCAL_WORLD_SIZE": t["SLURM_NTASKS_PER_NODE"], "MASTER_ADDR": expand_hostlist(nodelist)[0],
+                  "LOCAL_WORLD_SIZE": t["SLURM_NTASKS_PER_NODE"], "MASTER_ADDR": hosts[0],
                   "MASTER_PORT": "29500"} for t in tasks]
-        assert slurm.judge_job(right, tasks, "job") == 29500
-    tasks = slurm._job_tasks(*slurm.JOBS[0])
+        assert checks.judge_job(right, tasks, "job") == 29500
+    tasks = checks._job_tasks(*checks.JOBS[0])
     wrong = [{"RANK": t["SLURM_LOCALID"], "LOCAL_RANK": t["SLURM_LOCALID"], "WORLD_SIZE": "8",
               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n01", "MASTER_PORT": "29500"} for t in tasks]
     with pytest.raises(Failed, match="each of 0 to 7 must be given to one task"):
-        slurm.judge_job(wrong, tasks, "job")
+        checks.judge_job(wrong, tasks, "job")

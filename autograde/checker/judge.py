@@ -6,7 +6,7 @@ from __future__ import annotations
 from autograde import registry
 from autograde.checker import runs
 from autograde.checker.runs import Workspace
-from autograde.checker.verdicts import Failed, Result
+from autograde.checker.verdicts import Failed, NotHere, Result
 
 
 def _label(step: str) -> str:
@@ -45,6 +45,8 @@ def check(ws: Workspace, step: str) -> Result:
         hint = earlier.hint if failure.inconclusive else f"{failure.hint(_label, step)} (or {label}, which fails too, may be the cause)"
         return Result(step, False, f"{observed} ({label} is not right yet either: {earlier.observed})", hint,
                       earlier=earlier.step)
+    except NotHere as err:
+        return Result(step, None, f"not applicable here: {err}")
     except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
         return Result(step, False, f"the checker could not judge this step: {err}. This is the checker's "
                       "problem, not your script's", "run the check again with fresh=True (or --fresh)",

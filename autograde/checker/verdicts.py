@@ -48,6 +48,11 @@ class Failed(Exception):
         return f"see `# TODO {label(self.step or item)}`: {self.what}" if self.todo else self.what
 
 
+class NotHere(Exception):
+    """The item cannot be judged on this machine (it needs what is not here, such as SLURM): its
+    verdict is "n/a" with this reason, never a failure."""
+
+
 def require(condition: object, observed: str, what: str, inconclusive: bool = False) -> None:
     """Fail with `observed` and the hint `what` unless `condition` holds."""
     if not condition:

@@ -1,56 +1,73 @@
 """The check of notebook 16 (SLURM): a learner's mapping from SLURM's variables to PyTorch's.
 
+Both run under a real SLURM (autograde/tools/slurm_cluster.py `available`: the system's where
+sbatch has one, else the course's cluster of 2 emulated nodes n1 and n2, brought up for the check
+where it is not running). Where there can be none (not root, SLURM not installed), they are not
+applicable here, never failed.
+
 `slurm_env` judges `torch_env_from_slurm(environ)` of exercises/slurm_env.py twice. First the
 function is called (autograde/learner_processes/tasks.py `calls`, in a process of its own, never in
 the checker's) for every task of made-up jobs whose node lists SLURM writes compressed and not
-contiguous (`n[01-03,07]`), with the course's stand-in `scontrol` first on PATH, and what it
-returns is compared with what init_process_group's env:// needs. Then the file runs as the tasks
-of real jobs under autograde/tools/fake_slurm.py (sbatch and srun on this machine, the nodes
-127.0.0.1, 127.0.0.2, ...), for several layouts: each task runs the file as `__main__` through
-this module (`python -m autograde.learner_processes.launching slurm-task FILE --out DIR`), which writes down the
+contiguous (`n[01-03,07]`), SLURM's own `scontrol` on PATH, and what it returns is compared with
+what init_process_group's env:// needs. Then the file runs as the tasks of real batch jobs, for
+several layouts: each task runs the file as `__main__` through
+autograde/learner_processes/launching.py (`slurm-task FILE --out DIR`), which writes down the
 task's SLURM variables and the PyTorch variables it joins with (`DIR/slurm-<task>.json`, the
 run's report), and the trace shows the group it formed.
 
-`slurm_job` runs the learner's batch script (exercises/slurm_job.sbatch) under the same stand-in:
-as it is (the layout it asks for must be JOB_LAYOUT), with the layouts of JOB_LAYOUTS given on
-sbatch's command line, and once more with one task failing at its start. $TRAIN_SCRIPT is the
-checker's probe (autograde/learner_processes/launching.py `slurm_probe`), which writes down each task's variables
+`slurm_job` submits the learner's batch script (exercises/slurm_job.sbatch): as it is (the layout
+it asks for must be JOB_LAYOUT), with the layouts of JOB_LAYOUTS given on sbatch's command line,
+and once more with one task failing at its start. $TRAIN_SCRIPT is the checker's probe
+(autograde/learner_processes/launching.py `slurm_probe`), which writes down each task's variables
 (`DIR/slurm-<task>.json`, DIR its trace folder) and joins a gloo group with env://.
 Like the other checks, it reads behaviour, never names or wording.
 """
 from __future__ import annotations
 
 import json
-import os
 import shlex
-from pathlib import Path
+from contextlib import contextmanager
+from typing import Iterator
 
 from autograde import processes
 from autograde.protocol import SLURM_FAIL, TORCH_VARIABLES, Call, CallsReport, Task
 from autograde.checker.runs import Family, Run, Workspace
-from autograde.checker.verdicts import require, run_ok
-from autograde.tools import fake_slurm
+from autograde.checker.verdicts import NotHere, require, run_ok
+from autograde.tools import slurm_cluster
 
-FAKE_SLURM = Path(fake_slurm.__file__).resolve()
 FUNCTION = "torch_env_from_slurm"
 
-# Made-up jobs: (job id, node list as SLURM writes it, tasks per node). Real clusters' names:
-# zero-padded ranges with a gap, a bare name first, dashes in names, two brackets in one name.
-# The ids 4242-4244 are consecutive: jobs submitted one after the other must not share a port.
-JOBS: tuple[tuple[int, str, int], ...] = (
-    (4242, "n[01-03,07]", 2),
-    (4243, "gpu[9-11]", 1),
-    (4244, "login2,a100-[07-08]", 3),
-    (987654, "r[1-2]n[1-2]", 1),
+# Made-up jobs: (job id, node list as SLURM writes it, its hosts, tasks per node). Real clusters'
+# names: zero-padded ranges with a gap, a bare name first, dashes in names, two brackets in one
+# name. The hosts are what `scontrol show hostnames` prints (tests/test_slurm_exercise.py asks
+# SLURM's). The ids 4242-4244 are consecutive: jobs submitted one after the other must not share a port.
+JOBS: tuple[tuple[int, str, tuple[str, ...], int], ...] = (
+    (4242, "n[01-03,07]", ("n01", "n02", "n03", "n07"), 2),
+    (4243, "gpu[9-11]", ("gpu9", "gpu10", "gpu11"), 1),
+    (4244, "login2,a100-[07-08]", ("login2", "a100-07", "a100-08"), 3),
+    (987654, "r[1-2]n[1-2]", ("r1n1", "r1n2", "r2n1", "r2n2"), 1),
 )
-# Real jobs under the fake SLURM: nodes x tasks per node.
-LAYOUTS = ((1, 1), (1, 3), (2, 2), (3, 1))
+# Real batch jobs: nodes x tasks per node (the course's cluster has 2 nodes).
+LAYOUTS = ((1, 1), (1, 3), (2, 1), (2, 2))
 
 
-def task_environ(job_id: int, nodelist: str, per_node: int, task: int) -> dict[str, str]:
+@contextmanager
+def _slurm(ws: Workspace) -> Iterator[dict[str, str]]:
+    """The environment in which the check's jobs reach a SLURM (nothing to reach when replaying)."""
+    if ws.replaying:
+        yield {}
+        return
+    try:
+        with slurm_cluster.available() as env:
+            yield env
+    except slurm_cluster.ClusterError as err:
+        raise NotHere(f"this check submits jobs to SLURM, and there is none here ({err}); on a cluster, "
+                      "run it on a login node") from None
+
+
+def task_environ(job_id: int, nodelist: str, hosts: tuple[str, ...], per_node: int, task: int) -> dict[str, str]:
     """The SLURM variables that srun gives task `task` of a job with `per_node` tasks on each node
     of `nodelist` (tasks placed node by node, as SLURM's block distribution does)."""
-    hosts = fake_slurm.expand_hostlist(nodelist)
     nodes, ntasks = len(hosts), len(hosts) * per_node
     node = task // per_node
     layout = f"{per_node}(x{nodes})" if nodes > 1 else str(per_node)
@@ -65,29 +82,19 @@ def task_environ(job_id: int, nodelist: str, per_node: int, task: int) -> dict[s
             "SLURM_SUBMIT_HOST": hosts[0], "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1"}
 
 
-def _job_tasks(job_id: int, nodelist: str, per_node: int) -> list[dict[str, str]]:
-    tasks = len(fake_slurm.expand_hostlist(nodelist)) * per_node
-    return [task_environ(job_id, nodelist, per_node, t) for t in range(tasks)]
+def _job_tasks(job_id: int, nodelist: str, hosts: tuple[str, ...], per_node: int) -> list[dict[str, str]]:
+    return [task_environ(job_id, nodelist, hosts, per_node, t) for t in range(len(hosts) * per_node)]
 
 
-def _describe(nodelist: str, per_node: int) -> str:
-    nodes = len(fake_slurm.expand_hostlist(nodelist))
+def _describe(nodelist: str, hosts: tuple[str, ...], per_node: int) -> str:
+    nodes = len(hosts)
     return f"{nodes} node{'s' if nodes > 1 else ''} {nodelist} x {per_node} task{'s' if per_node > 1 else ''}"
 
 
-def _scontrol_path(ws: Workspace) -> dict[str, str]:
-    """An environment with the fake SLURM's `scontrol` first on PATH (in a folder of the workspace)."""
-    folder = ws.root / "slurm-bin"
-    if not ws.replaying and not folder.exists():
-        folder.mkdir()
-        fake_slurm.stub(folder, "scontrol")
-    return {"PATH": os.pathsep.join([str(folder), str(Path(processes.PYTHON).parent), os.environ.get("PATH", "")])}
-
-
-def _calls_run(ws: Workspace) -> Run:
-    calls = [[FUNCTION, [env]] for job in JOBS for env in _job_tasks(*job)]
+def _calls_run(ws: Workspace, env: dict[str, str]) -> Run:
+    calls = [[FUNCTION, [task]] for job in JOBS for task in _job_tasks(*job)]
     return ws.called(Family.SLURM_ENV, "calls", f"calls of {FUNCTION} for the tasks of {len(JOBS)} made-up jobs",
-                     Task.CALLS, ["--calls", json.dumps(calls)], _scontrol_path(ws))
+                     Task.CALLS, ["--calls", json.dumps(calls)], env)
 
 
 def _returned(call: Call, where: str) -> dict[str, str]:
@@ -116,7 +123,7 @@ def judge_job(found: list[dict[str, str]], tasks: list[dict[str, str]], what: st
     """Fail unless `found` (each task's PyTorch variables) is right for the job whose tasks'
     SLURM variables are `tasks`; the job's port."""
     n, per_node = len(tasks), int(tasks[0]["SLURM_NTASKS_PER_NODE"])
-    first = fake_slurm.expand_hostlist(tasks[0]["SLURM_JOB_NODELIST"])[0]
+    first = next(t["SLURMD_NODENAME"] for t in tasks if t["SLURM_NODEID"] == "0")  # the job's first node
     ranks = [f["RANK"] for f in found]
     require(sorted(ranks) == sorted(map(str, range(n))),
             f"in {what}, the tasks got the ranks {', '.join(ranks)}; each of 0 to {n - 1} must be given to one task",
@@ -159,8 +166,13 @@ def judge_job(found: list[dict[str, str]], tasks: list[dict[str, str]], what: st
     return port
 
 
-def _task_run(ws: Workspace, nodes: int, per_node: int) -> Run:
-    """The learner's file as the tasks of a job of `nodes` x `per_node` under the fake SLURM."""
+def _job_command(argv: list[str], batch: str) -> list[str]:
+    """`python COMMAND` that submits `batch` with sbatch's options `argv` and ends with the job."""
+    return ["-m", "autograde.tools.slurm_cluster", "job", *argv, batch]
+
+
+def _task_run(ws: Workspace, env: dict[str, str], nodes: int, per_node: int) -> Run:
+    """The learner's file as the tasks of a batch job of `nodes` x `per_node`."""
     batch = ws.root / "slurm_env_check.sbatch"
     if not ws.replaying and not batch.exists():
         batch.write_text("#!/bin/bash\n# the checker's job: each task runs the learner's file, noted by the checker\n"
@@ -168,8 +180,7 @@ def _task_run(ws: Workspace, nodes: int, per_node: int) -> Run:
                          f"{shlex.quote(str(ws.script))} \"$@\"\n")  # "$@": --out DIR, the run's report folder
     argv = ["--nodes", str(nodes), "--ntasks-per-node", str(per_node)]
     return ws.once(Family.SLURM_ENV, f"{nodes}x{per_node}", f"job of {nodes} node{'s' if nodes > 1 else ''} x {per_node} "
-                    f"task{'s' if per_node > 1 else ''} under the fake SLURM",
-                    ["-I", str(FAKE_SLURM), *argv, str(batch)], argv, None, reports=True)
+                   f"task{'s' if per_node > 1 else ''}", _job_command(argv, str(batch)), argv, env, reports=True)
 
 
 def check_slurm_env(ws: Workspace) -> str:
@@ -180,18 +191,23 @@ def check_slurm_env(ws: Workspace) -> str:
     each on every node, the sizes are the job's and the node's numbers of tasks, every task has
     the first host of the expanded node list as its address (and rank 0 runs there), every task
     the same port, from 1024 to 65535, and no two of the jobs the same port. Then the file runs
-    as the tasks of jobs of 1x1, 1x3, 2x2 and 3x1 nodes x tasks under the fake SLURM: every task
-    joins one gloo group with those variables, at its rank, and makes the all_reduce."""
-    run = _calls_run(ws)
+    as the tasks of batch jobs of 1x1, 1x3, 2x1 and 2x2 nodes x tasks: every task joins one gloo
+    group with those variables, at its rank, and makes the all_reduce."""
+    with _slurm(ws) as env:
+        return _judge_slurm_env(ws, env)
+
+
+def _judge_slurm_env(ws: Workspace, env: dict[str, str]) -> str:
+    run = _calls_run(ws, env)
     ranks = (run.report or {}).get("ranks", [])
     require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     report = CallsReport.from_json(ranks[0])
     require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
     calls = iter(report.calls)
     ports: dict[int, int] = {}
-    for job_id, nodelist, per_node in JOBS:
-        tasks = _job_tasks(job_id, nodelist, per_node)
-        what = f"job {job_id} ({_describe(nodelist, per_node)})"
+    for job_id, nodelist, hosts, per_node in JOBS:
+        tasks = _job_tasks(job_id, nodelist, hosts, per_node)
+        what = f"job {job_id} ({_describe(nodelist, hosts, per_node)})"
         found = [_returned(next(calls), f"task {t['SLURM_PROCID']} of {what}") for t in tasks]
         ports[job_id] = judge_job(found, tasks, what)
     shared = [(a, b) for a in ports for b in ports if a < b and ports[a] == ports[b]]
@@ -199,15 +215,15 @@ def check_slurm_env(ws: Workspace) -> str:
             f"port {ports[shared[0][0]] if shared else ''}: two jobs that share a node would both want it",
             "the port must depend on the job, so that jobs with different ids get different ports")
     for nodes, per_node in LAYOUTS:
-        _judge_task_run(_task_run(ws, nodes, per_node), nodes, per_node)
-    return (f"right variables for all {sum(len(fake_slurm.expand_hostlist(j[1])) * j[2] for j in JOBS)} tasks of "
-            f"{len(JOBS)} made-up jobs (ports {', '.join(str(p) for p in ports.values())}); under the fake SLURM, "
-            f"jobs of {', '.join(f'{n}x{k}' for n, k in LAYOUTS)} nodes x tasks each formed their group")
+        _judge_task_run(_task_run(ws, env, nodes, per_node), nodes, per_node)
+    return (f"right variables for all {sum(len(j[2]) * j[3] for j in JOBS)} tasks of "
+            f"{len(JOBS)} made-up jobs (ports {', '.join(str(p) for p in ports.values())}); in batch jobs of "
+            f"{', '.join(f'{n}x{k}' for n, k in LAYOUTS)} nodes x tasks, each formed its group")
 
 
 def _judge_task_run(run: Run, nodes: int, per_node: int,
                     runs: str = "the file must run as every task of a job (python exercises/slurm_env.py --nodes 2 "
-                                "--ntasks-per-node 2 shows what happens)",
+                                "--ntasks-per-node 2, with SLURM up, shows what happens)",
                     seen: tuple[str, str] = ("called init_process_group", "each task must join the process group"),
                     ) -> None:
     """Fail unless every task of the run had the right variables (from the reports), and joined
@@ -237,21 +253,21 @@ def _judge_task_run(run: Run, nodes: int, per_node: int,
 # --- slurm_job: the learner's batch script ----------------------------------------------------
 
 JOB_LAYOUT = (2, 2)  # nodes x tasks per node that exercises/slurm_job.sbatch must ask for
-JOB_LAYOUTS = ((1, 3), (3, 1))  # given on sbatch's command line: the script must follow them
+JOB_LAYOUTS = ((1, 3), (2, 1))  # given on sbatch's command line: the script must follow them
 # $TRAIN_SCRIPT of the checker's jobs (written into the workspace): each task writes down its
 # variables in its trace folder, then joins a gloo group with env:// and makes one all_reduce.
 PROBE = "from autograde.learner_processes.launching import slurm_probe\n\nslurm_probe()\n"
 
 
-def _job_run(ws: Workspace, layout: tuple[int, int] | None, fail: bool = False) -> Run:
-    """The learner's batch script under the fake SLURM, its layout given on sbatch's command line
-    (None: the one it asks for), $TRAIN_SCRIPT the checker's probe; with `fail`, its last task fails."""
+def _job_run(ws: Workspace, slurm: dict[str, str], layout: tuple[int, int] | None, fail: bool = False) -> Run:
+    """The learner's batch script submitted, its layout given on sbatch's command line (None: the
+    one it asks for), $TRAIN_SCRIPT the checker's probe; with `fail`, its last task fails. The
+    tasks' `python` is the course's: the checker puts its environment first on PATH."""
     probe = ws.root / "slurm_job_probe.py"
     if not ws.replaying and not probe.exists():
         probe.write_text(PROBE)
     argv = [] if layout is None else ["--nodes", str(layout[0]), "--ntasks-per-node", str(layout[1])]
-    env = {"TRAIN_SCRIPT": str(probe),
-           "PATH": os.pathsep.join([str(Path(processes.PYTHON).parent), os.environ.get("PATH", "")])}  # `python`
+    env = {**slurm, "TRAIN_SCRIPT": str(probe)}
     if layout is None:
         key, label = "asked", "job with the layout the script asks for"
     else:
@@ -259,23 +275,27 @@ def _job_run(ws: Workspace, layout: tuple[int, int] | None, fail: bool = False) 
                                                    f"{layout[1]} task{'s' if layout[1] > 1 else ''} (given to sbatch)")
     if fail:
         key, label, env[SLURM_FAIL] = f"{key}-failing", f"{label}, its last task failing", "1"
-    return ws.once(Family.SLURM_JOB, key, label, ["-I", str(FAKE_SLURM), *argv, str(ws.script)], argv, env,
-                   reports=True)
+    return ws.once(Family.SLURM_JOB, key, label, _job_command(argv, str(ws.script)), argv, env, reports=True)
 
 
 RUNS_TRAIN_SCRIPT = ("srun must start one task per process of the job, each running $TRAIN_SCRIPT "
-                     "(`python -m autograde.tools.fake_slurm exercises/slurm_job.sbatch` shows what happens)")
+                     "(with SLURM up, `sbatch --wait exercises/slurm_job.sbatch` shows what happens)")
 
 
 def check_slurm_job(ws: Workspace) -> str:
-    """The batch script run as it is under the fake SLURM asks for 2 nodes x 2 tasks (as many
-    tasks ran, on as many nodes), and in that job and in jobs of 1x3 and 3x1 given to sbatch,
-    every task runs $TRAIN_SCRIPT (the checker's probe) with RANK, LOCAL_RANK, WORLD_SIZE,
-    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT right for the job (as slurm_env's check judges
-    them), and they all join one gloo group and make the all_reduce. When the last task fails
-    at its start, srun stops the others: the job ends rather than wait on them."""
+    """The batch script submitted as it is asks for 2 nodes x 2 tasks (as many tasks ran, on as
+    many nodes), and in that job and in jobs of 1x3 and 2x1 given to sbatch, every task runs
+    $TRAIN_SCRIPT (the checker's probe) with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT right for the job (as slurm_env's check judges them), and they all
+    join one gloo group and make the all_reduce. When the last task fails at its start, srun
+    stops the others: the job ends rather than wait on them."""
+    with _slurm(ws) as env:
+        return _judge_slurm_job(ws, env)
+
+
+def _judge_slurm_job(ws: Workspace, slurm: dict[str, str]) -> str:
     nodes, per_node = JOB_LAYOUT
-    asked = _job_run(ws, None)
+    asked = _job_run(ws, slurm, None)
     reports = (asked.report or {}).get("ranks", [])
     require(reports, f"no task of the {asked.name} ran $TRAIN_SCRIPT"
             + (f" ({asked.problem()})" if asked.problem() else ""), RUNS_TRAIN_SCRIPT)
@@ -287,8 +307,8 @@ def check_slurm_job(ws: Workspace) -> str:
     seen = ("ran $TRAIN_SCRIPT", RUNS_TRAIN_SCRIPT)
     _judge_task_run(asked, nodes, per_node, RUNS_TRAIN_SCRIPT, seen)
     for layout in JOB_LAYOUTS:
-        _judge_task_run(_job_run(ws, layout), *layout, RUNS_TRAIN_SCRIPT, seen)
-    failing = _job_run(ws, None, fail=True)
+        _judge_task_run(_job_run(ws, slurm, layout), *layout, RUNS_TRAIN_SCRIPT, seen)
+    failing = _job_run(ws, slurm, None, fail=True)
     last = nodes * per_node - 1
     require(not failing.stalled and not any(r.timed_out for r in failing.results),
             f"in the {failing.name}, task {last} exited at its start, and the other tasks went on waiting for it "

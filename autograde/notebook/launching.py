@@ -1,6 +1,6 @@
 """What the notebooks of the part "launching for real" (launching, notebooks 14-16) call: torchrun,
 a node that never comes, two jobs on one port, the debugging variables, a group killed and
-restarted, and SLURM faked on this machine. Every launch goes through runtime.run or
+restarted (notebook 16's SLURM: launching_slurm.py). Every launch goes through runtime.run or
 processes.run: a time limit, the output in the cell, and nothing left running afterwards. And the
 part's figure: a fault-tolerant run's restarts as a timeline (15)."""
 from __future__ import annotations
@@ -234,23 +234,6 @@ def fault_runs(script: str = "exercises/resume_training.py") -> tuple[Run, Run, 
         whole, _, _, per_epoch = checks.undisturbed(ws)
         killed, torn = checks.killed_run(ws, per_epoch), checks.torn_run(ws)
     return whole, killed, torn
-
-
-def fake_slurm(batch: str, *args: str | int, nodes: int = 2, ntasks_per_node: int = 2, gpus_per_node: int | None = None,
-               train_script: str = "exercises/fashion_mnist_torchrun.py", timeout: float | None = None) -> str:
-    """A batch script run as SLURM would run it, on this machine: autograde/tools/fake_slurm.py
-    sets the job's SLURM_* variables and puts stand-ins for srun and scontrol first on PATH."""
-    options = ["--nodes", str(nodes), "--ntasks-per-node", str(ntasks_per_node)]
-    if gpus_per_node is not None:
-        options += ["--gpus-per-node", str(gpus_per_node)]
-    print(f"$ sbatch {' '.join(options)} {batch} {' '.join(map(str, args))}   (faked: no SLURM here)")
-    script = course_file(batch)
-    # sbatch is called from the course folder, the one that holds `batch` (a learner's checkout, or an
-    # nbgrader assignment, whose notebooks lie in the folder itself rather than in notebooks/)
-    folder = script.parents[len(Path(batch).parts) - 1]
-    return runtime.run([processes.PYTHON, "-m", "autograde.tools.fake_slurm", *options, script, *map(str, args)],
-                       timeout=timeout, env={"TRAIN_SCRIPT": str(course_file(train_script))}, cwd=folder)
-
 
 
 def timeline(run: Run) -> list[dict[str, object]]:

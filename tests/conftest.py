@@ -239,10 +239,20 @@ def slurm() -> Slurm:
     return _SLURM
 
 
+def _course_cluster_running() -> bool:
+    from autograde.tools import slurm_cluster
+
+    return slurm_cluster.running() is not None
+
+
+_CLUSTER_BEFORE = _course_cluster_running()  # one of the developer's own (make slurm-up) is left running
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A cluster the session brought up is taken down at its end (outside any test, whose `launch`
-    guard would refuse the commands that stop it), leaving no daemon behind."""
-    if _SLURM.started:
+    """A course cluster that came up during the session is taken down at its end (outside any test,
+    whose `launch` guard would refuse the commands that stop it), leaving no daemon behind: the one
+    the tests brought up, or one a notebook or a check brought up and, failing, left running."""
+    if _SLURM.started or (not _CLUSTER_BEFORE and _course_cluster_running()):
         from autograde.tools import slurm_cluster
 
         slurm_cluster.down()

@@ -33,7 +33,10 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 seen = {k: v for k, v in sorted(os.environ.items()) if k.startswith("OMPI_COMM_WORLD_")}
 seen.update({k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")})
 seen.update(host=os.environ.get("%s", "127.0.0.1"), group_rank=dist.get_rank(), group_size=dist.get_world_size())
-print("seen " + json.dumps(seen), flush=True)
+# beside this file, one file per process: lines that several hosts' processes print at once can
+# reach mpirun's output run together
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"seen-{dist.get_rank()}.json"), "w") as f:
+    json.dump(seen, f)
 dist.barrier()
 dist.destroy_process_group()
 """ % open_mpi.HOST_VARIABLE
@@ -84,9 +87,8 @@ def variables(np: int = 4, hosts: int = 2) -> list[dict[str, object]]:
         return []
     program = Path(tempfile.mkdtemp(prefix="ddp-lab-mpi-")) / "show_variables.py"
     program.write_text(SHOW)
-    text = _launch([], np, hosts, program, program.name, timeout=120, echo=False)
-    rows: list[dict[str, object]] = [json.loads(line[len("seen "):]) for line in text.splitlines()
-                                     if line.startswith("seen ")]
+    _launch([], np, hosts, program, program.name, timeout=120, echo=False)
+    rows: list[dict[str, object]] = [json.loads(seen.read_text()) for seen in program.parent.glob("seen-*.json")]
     rows.sort(key=lambda r: int(str(r["RANK"])))
     names = ["host", *[name for pair in MAPPING for name in pair], "MASTER_ADDR", "group_rank", "group_size"]
     print("process".ljust(28) + "".join(f"{k:>11}" for k in range(len(rows))))  # one column per process

@@ -236,6 +236,8 @@ def item(id: str) -> Item:
 
 def answered_by(made: set[str]) -> list[str]:
     """The items whose checks read only runs of the kinds in `made` (an item that reads no run is
-    always answered)."""
+    always answered): those that may be judged from these runs alone. One may still need a run of
+    those kinds that was not made (each ddp_by_hand item its own wrapper's): the checker then
+    leaves it to be judged when asked (autograde/checker/api.py)."""
     kinds = {family(key) for key in made}
     return [i.id for i in ITEMS if set(i.runs) <= kinds]

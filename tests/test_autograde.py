@@ -141,6 +141,19 @@ def test_verdicts_are_reused_for_the_same_file_and_redone_after_an_edit(tmp_path
     assert step_0.passed is False
 
 
+@pytest.mark.launch
+def test_an_item_asked_makes_only_the_runs_it_reads(tmp_path: Path) -> None:
+    """The three ddp_by_hand items read runs of one kind, each of its own wrapper: checking
+    naive_ddp runs NaiveDDP alone, and the other two, whose runs were not made, are left to be
+    judged when asked (nothing kept for them), not judged by making their runs too."""
+    script = tmp_path / "ddp_by_hand.py"
+    script.write_text((ROOT / "solutions" / "ddp_by_hand.py").read_text() + "# bytes of its own\n")
+    (verdict,) = api.check_steps(["naive_ddp"], script)
+    assert verdict.passed is True, verdict.observed
+    kept = cache.load(script, 2, 2, devices.signature(devices.plan(api.gpu_count(), 2, 2)))
+    assert set(kept) == {"naive_ddp"}, sorted(kept)
+
+
 def test_a_failing_verdict_renders_without_the_checkers_frames() -> None:
     failure = api.CheckFailed(Result("6.5", False, "rank 0's training sampler had epoch 0 in every epoch",
                                             "see `# TODO Step 6.5`: call train_sampler.set_epoch(epoch)"))

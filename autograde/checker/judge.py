@@ -47,6 +47,8 @@ def check(ws: Workspace, step: str) -> Result:
                       earlier=earlier.step)
     except NotHere as err:
         return Result(step, None, f"not applicable here: {err}")
+    except runs.Unmade:
+        raise  # judged only where its runs may be made (api.py)
     except runs.Abandoned as err:  # an earlier run was spoilt from outside: the set is made again
         return Result(step, False, f"the checker could not judge this step: {err}. This is the checker's "
                       "problem, not your script's", "run the check again with fresh=True (or --fresh)",

@@ -14,6 +14,7 @@ open call (the collective it was waiting in) is reported.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from autograde import data, processes, paths
 from autograde.checker import devices
@@ -230,6 +231,10 @@ class NotRecorded(Exception):
     """A replayed workspace was asked for a run that its recording does not hold."""
 
 
+class Unmade(Exception):
+    """A workspace that may make no more runs (`Workspace.only_made`) was asked for a new one."""
+
+
 class Workspace:
     """A temporary folder with stand-in data, and the runs of one script in it (each made once)."""
 
@@ -244,6 +249,8 @@ class Workspace:
         self.root = Path(tempfile.mkdtemp(prefix="ddp-lab-check-"))
         self.staging = self.root / "staging"
         self.replaying = False  # True: the runs come from a recording (replay), and none is made
+        self.refused = 0  # runs asked for while only the runs made could be read (only_made)
+        self._may_launch = True
         data.write_synthetic(self.staging, TRAIN_SIZE, VAL_SIZE, seed=11)
 
     def close(self) -> None:
@@ -270,6 +277,7 @@ class Workspace:
         ws.gpus = record.get("gpus", 0)
         ws.root = Path(tempfile.mkdtemp(prefix="ddp-lab-replay-"))
         ws.staging, ws.script, ws.replaying = ws.root / "staging", ws.root / "fashion_mnist.py", True
+        ws.refused, ws._may_launch = 0, True
         ws.script.write_text(record["script"])
         for name, run in record["runs"].items():
             traces = {int(pid): ProcessTrace(int(pid), events) for pid, events in run["traces"].items()}
@@ -282,6 +290,17 @@ class Workspace:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def only_made(self) -> Iterator[None]:
+        """Within the block, a check reads only the runs made so far: asking for another raises
+        Unmade (and counts in `refused`). The checker judges in such a block the items it was not
+        asked for, from the runs made for those it was: never a run more for an item not asked."""
+        self._may_launch = False
+        try:
+            yield
+        finally:
+            self._may_launch = True
 
     def made(self) -> dict[str, Run]:
         """The runs made so far, by key (setup, workers, program, two_nodes; "pi/3" for launched runs)."""
@@ -379,6 +398,9 @@ class Workspace:
         stop them all at a deadlock or the time limit."""
         if self.replaying:
             raise NotRecorded(f"the {name} was not recorded: record it again (.venv/bin/python tests/record_runs.py)")
+        if not self._may_launch:
+            self.refused += 1
+            raise Unmade(f"the {name} was not made: only the runs made so far may be read")
         spoilt = [f"the {run.name}: {cause}" for run in self.made().values() if (cause := run.outside_cause())]
         if spoilt:  # these runs will all be made again: making more now would only cost time
             raise Abandoned(f"{spoilt[0]}, so the {name} was not made")

@@ -28,13 +28,13 @@ help:
 	@echo "make test-notebooks  only the notebooks, top to bottom with nbval (quick mode)"
 	@echo "make run             the finished solution on every GPU, or 2 CPU processes (ARGS='--epochs 3')"
 	@echo "make check STEP=4    check a step of fashion_mnist.py (STEP=all: every step; SCRIPT=path for another file)"
-	@echo "make bench           how long the checks take, against the course's targets"
+	@echo "make bench           each item's cold check, one learner's grading, ratios, notebooks: against the targets (BENCH_ARGS='--only items')"
 	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
 	@echo "make slurm-up        a real SLURM of 2 emulated nodes on this machine (root; SLURM_FOLDER=dir); make slurm-down stops it"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
-	@echo "make grade           instructors: autograde grading/submitted/, feedback, grading/grades.csv, scores"
+	@echo "make grade           instructors: autograde grading/submitted/ (JOBS learners at once; default one per core), feedback, grades.csv, scores"
 	@echo "make release-exchange / collect / return-feedback   instructors: through nbgrader's exchange (EXCHANGE=dir)"
 	@echo "make learner-mode    nbgrader's instructor extensions off, the default (make instructor-mode: on)"
 
@@ -92,7 +92,7 @@ check: setup
 	$(PY) -m autograde check $(if $(filter all,$(STEP)),--all,--step $(STEP)) $(if $(SCRIPT),--script $(SCRIPT))
 
 bench: setup
-	$(PY) -m autograde.tools.bench
+	$(PY) -m autograde.tools.bench $(BENCH_ARGS)
 
 # On a GPU node: prove the GPU path (training on every GPU and on one, the checker, notebooks with
 # quick mode off) and write docs/gpu-report.md. Says so in one line where there is no GPU.
@@ -132,7 +132,7 @@ release: setup
 	$(COURSE) release $(PART_OPT) $(if $(FROM),--from "$(FROM)")
 
 grade: setup
-	$(COURSE) grade $(PART_OPT)
+	$(COURSE) grade $(PART_OPT) $(if $(JOBS),--jobs $(JOBS))
 
 .PHONY: release-exchange collect return-feedback
 release-exchange: setup

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -139,10 +140,19 @@ def test_scores_from_the_export(graded: Course) -> None:
     assert grading.grades(graded.root / "grades.csv") == {"alice": POINTS, "bob": BOB} and BOB == 8
 
 
-def test_grade_prints_the_scores_and_the_steps_lost(graded: Course) -> None:
+def test_grade_prints_the_scores_each_learners_time_and_the_steps_lost(graded: Course) -> None:
     log = graded.grade_log
-    assert re.search(r"^alice +20/20 +none$", log, re.M), log[-3000:]
-    assert re.search(r"^bob +8/20 +6 6\.5 7 8 9 10$", log, re.M), log[-3000:]
+    assert re.search(r"^student +score +time +steps lost$", log, re.M), log[-3000:]
+    assert re.search(r"^alice +20/20 +\d+ s +none$", log, re.M), log[-3000:]
+    assert re.search(r"^bob +8/20 +\d+ s +6 6\.5 7 8 9 10$", log, re.M), log[-3000:]
+
+
+def test_learners_are_graded_at_once_each_with_their_own_runs(graded: Course) -> None:
+    """Graded two at a time on a machine of two cores or more: alice's finished script and bob's
+    mistakes still get their own scores (above), each graded script is the learner's own, and each
+    learner's grading says how long it took."""
+    at_once = min(2, os.cpu_count() or 1)
+    assert f"autograding 2 submission(s), {at_once} at a time" in graded.grade_log
 
 
 def test_grade_leaves_known_harmless_warnings_out(graded: Course) -> None:

@@ -10,6 +10,12 @@ from autograde.course.assignment import EXCHANGE_DEFAULT, WORKING_COPY, CourseEr
 from autograde.course.grading import EXCHANGE_COMMANDS, exchange, grade, release
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde.course", description="The DDP Lab's nbgrader course.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -17,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     make_release.add_argument("--from", dest="rev", default="HEAD", metavar="REV",
                               help=f"the commit to release (default HEAD); '{WORKING_COPY}': the files as they are")
     make_grade = commands.add_parser("grade", help="autograde submitted/, write feedback/, export grades.csv")
+    make_grade.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                            help="learners graded at once (default: one per core)")
     subcommands = [make_release, make_grade]
     for name, nbgrader_command in EXCHANGE_COMMANDS.items():
         sub = commands.add_parser(name, help=f"nbgrader {nbgrader_command} through the exchange")
@@ -32,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "release":
             release(args.rev, args.part)
         elif args.command == "grade":
-            grade(args.part)
+            grade(args.part, args.jobs)
         else:
             exchange(EXCHANGE_COMMANDS[args.command], args.exchange, args.nbgrader_args, args.part)
     except CourseError as err:

@@ -5,13 +5,17 @@ commands (release_assignment, collect, release_feedback) on a shared machine."""
 from __future__ import annotations
 
 import csv
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from autograde import registry
 from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, root, step_of
-from autograde.course.nbgrader_run import nbgrader
+from autograde.course.nbgrader_run import LogFilter, nbgrader
 
 
 def release(rev: str = "HEAD", part: str = registry.LAB) -> Path:
@@ -58,18 +62,39 @@ def outcomes(part: str = registry.LAB) -> list[Outcome]:
     return sorted(found, key=lambda o: o.student)
 
 
-def summary(results: Sequence[Outcome]) -> str:
-    """A line per student: the score and the steps that lost points (feedback/ says why)."""
+def summary(results: Sequence[Outcome], seconds: Mapping[str, float] | None = None) -> str:
+    """A line per student: the score, how long grading took (when known) and the steps that lost
+    points (feedback/ says why)."""
+    seconds = seconds or {}
     width = max([len("student"), *(len(o.student) for o in results)])
-    lines = [f"{'student':<{width}}  {'score':>7}  steps lost"]
+    timed = f"  {'time':>6}" if seconds else ""
+    lines = [f"{'student':<{width}}  {'score':>7}{timed}  steps lost"]
     for o in results:
-        lines.append(f"{o.student:<{width}}  {f'{o.score:g}/{o.max_score:g}':>7}  {' '.join(o.lost) or 'none'}")
+        took = f"  {seconds[o.student]:>4.0f} s" if o.student in seconds else ("  " + " " * 6 if seconds else "")
+        lines.append(f"{o.student:<{width}}  {f'{o.score:g}/{o.max_score:g}':>7}{took}  {' '.join(o.lost) or 'none'}")
     return "\n".join(lines)
 
 
-def grade(part: str = registry.LAB) -> Path:
-    """Autograde every submission of the part, write feedback, export grades.csv, print the scores;
-    return the CSV."""
+def jobs(students: int, asked: int | None = None) -> int:
+    """How many learners are graded at once: `asked` (make grade JOBS=N), else one per core of the
+    machine (each learner's checks run a few processes of one thread each, and wait on them part of
+    the time), never more than there are learners."""
+    return max(1, min(students, asked or os.cpu_count() or 1))
+
+
+def _autograde_one(part: str, student: str, log: LogFilter, prefix: str) -> float:
+    """Autograde one learner's submission; the seconds it took. Its checks keep their verdicts in a
+    folder of its own, so no verdict or run of one learner is ever read for another."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"ddp-lab-grade-{student}-") as verdicts:
+        nbgrader("autograde", part, f"--student={student}", f"--notebook={registry.PART[part].graded}", "--force",
+                 log=log, prefix=prefix, env={"DDP_LAB_CACHE_DIR": verdicts})
+    return time.monotonic() - started
+
+
+def grade(part: str = registry.LAB, at_once: int | None = None) -> Path:
+    """Autograde every submission of the part, several learners at once (`jobs`), write feedback,
+    export grades.csv, print the scores and each learner's grading time; return the CSV."""
     submitted = root() / "submitted"
     students = sorted(p.parent.name for p in submitted.glob(f"*/{part}"))
     if not students:
@@ -77,17 +102,40 @@ def grade(part: str = registry.LAB) -> Path:
                           f"(`make collect` does from the exchange)")
     if not (root() / "source" / part).is_dir():
         raise CourseError("no source assignment: run `make release` first")
+    at_once = jobs(len(students), at_once)
     # Only the step notebooks hold grade cells; running the others (training runs, plots) adds
     # minutes per learner and no points.
-    print(f"autograding {len(students)} submission(s): {', '.join(students)} (minutes each: every check runs the script)")
-    nbgrader("autograde", part, f"--notebook={registry.PART[part].graded}", "--force")
+    print(f"autograding {len(students)} submission(s), {at_once} at a time: {', '.join(students)} "
+          "(a minute or more each: every check runs the script)", flush=True)
+    _open_gradebook()  # made (or upgraded) once, before learners are graded into it at once
+    logs = {student: LogFilter() for student in students}
+    width = max(len(s) for s in students)
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        took = {student: pool.submit(_autograde_one, part, student, logs[student],
+                                     f"{student:<{width}} | " if at_once > 1 else "")
+                for student in students}
+        seconds = {student: future.result() for student, future in took.items()}
+    log = LogFilter()
+    for each in logs.values():
+        log.add(each)
+    if log.summary():
+        print(log.summary())
     nbgrader("generate_feedback", part, "--force")
     export = root() / "grades.csv"
     nbgrader("export", f"--to={export}")
-    print(summary(outcomes(part)))
+    print(summary(outcomes(part), seconds))
     print(f"grades: {export}; feedback: {root() / 'feedback'}/<student>/{part}/ "
           f"(`make return-feedback` hands it back through the exchange)")
     return export
+
+
+def _open_gradebook() -> None:
+    """Create the gradebook, or bring an older one up to date, before it is written from several
+    processes (nbgrader does either on opening it; two doing it at once could collide)."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root() / 'gradebook.db'}"):
+        pass
 
 
 def exchange_root(path: str) -> str:

@@ -65,21 +65,30 @@ class LogFilter:
             return False
         return True
 
+    def add(self, other: "LogFilter") -> None:
+        """Count what `other` left out too (commands run at once, each with a filter of its own)."""
+        for name, n in other.counts.items():
+            self.counts[name] += n
+
     def summary(self) -> str:
         parts = [f"{n} {EXPLAINED[name]}" for name, n in self.counts.items() if n]
         return f"(left out of the log above as harmless: {'; '.join(parts)})" if parts else ""
 
 
-def nbgrader(*args: str, log_level: str = "WARN") -> str:
+def nbgrader(*args: str, log_level: str = "WARN", log: LogFilter | None = None, prefix: str = "",
+             env: dict[str, str] | None = None) -> str:
     """Run an nbgrader command in autograde/course/ (where its config is), print its output without the
-    known-harmless lines, and return the output; raise CourseError when it fails.
+    known-harmless lines, each line after `prefix`, and return the output; raise CourseError when it fails.
+    Several commands at once share one `log`, which the caller then sums up; without one, the
+    command's own summary is printed at its end.
 
     Its notebooks run in quick mode unless DDP_LAB_QUICK says otherwise. No time limit: grading a
     class takes as long as it takes.
     """
-    env = {"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1")}
+    env = {"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1"), **(env or {})}
     cmd = [processes.PYTHON, "-m", "nbgrader", *args, f"--log-level={log_level}"]
-    log = LogFilter()
+    own_log = log is None
+    log = log or LogFilter()
     seen: list[str] = []
     proc = processes.start(cmd, cwd=HERE, env=env, merge_stderr=True)
     try:
@@ -87,15 +96,14 @@ def nbgrader(*args: str, log_level: str = "WARN") -> str:
         for line in proc.stdout:
             seen.append(line)
             if log.keep(line):
-                print(line, end="", flush=True)
+                print(f"{prefix}{line}", end="", flush=True)
         proc.wait()
     finally:
         processes.kill_group(proc.pid)  # nothing nbgrader started (kernels, training runs) outlives it
         proc.wait()
-    if log.summary():
+    if own_log and log.summary():
         print(log.summary())
     if proc.returncode != 0:
         last = next((line.strip() for line in reversed(seen) if line.strip() and log.keep(line)), "(no output)")
         raise CourseError(f"nbgrader {args[0]} failed (exit status {proc.returncode}): {last}")
     return "".join(seen)
-

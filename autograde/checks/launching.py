@@ -252,14 +252,32 @@ def _whole(ws: Workspace) -> Run:
 
 
 def read_while_written(run: Run, checkpoint: str) -> str | None:
-    """Which rank read the checkpoint while rank 0 was still writing it, and when, or None."""
+    """Which rank read the checkpoint while rank 0 was still writing it, and when, or None: a load
+    that overlaps a write (begun before it, a load still reading when the write starts counts too:
+    ranks leaving a barrier together reach their load and rank 0 its save within microseconds, in
+    either order)."""
     for k, write in enumerate(writes(run, checkpoint), 1):
         for trace in run.traces.values():
-            for e in trace.named("load_enter"):
-                if e.get("path") == checkpoint and write.start <= e["t"] <= write.done:
+            for start, end in _loads(trace, checkpoint):
+                if start <= write.done and end >= write.start:
                     return (f"rank {trace.rank} read {Path(checkpoint).name} while rank 0 was still writing the "
                             f"checkpoint of epoch {k}")
     return None
+
+
+def _loads(trace: ProcessTrace, checkpoint: str) -> list[tuple[float, float]]:
+    """When each load of the checkpoint by this process began and ended (a load never ended: the end
+    of the trace)."""
+    loads, began = [], None
+    for e in trace.events:
+        if e["ev"] == "load_enter" and e.get("path") == checkpoint:
+            began = e["t"]
+        elif e["ev"] == "load_exit" and began is not None:
+            loads.append((began, e["t"]))
+            began = None
+    if began is not None:
+        loads.append((began, trace.events[-1]["t"]))
+    return loads
 
 
 TORN_READ_HINT = "nobody reads the checkpoint before rank 0 has finished: dist.barrier() after the save, before any load"

@@ -28,6 +28,9 @@ TRACE_DIR = "DDP_LAB_TRACE_DIR"  # set: trace this process (and its children) in
 SCRIPT = "DDP_LAB_SCRIPT"  # the learner's file: lines are reported in it, errors at its last line
 STAGING = "DDP_LAB_STAGING"  # set: a Fashion-MNIST "download" copies the stand-in from this folder
 COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch operation computes
+# "0": the learner's mp.spawn starts each process cold (a new interpreter that imports torch), as
+# untraced; otherwise each is forked from a server that has imported it (tracer.py, _warm_start)
+WARM_SPAWN = "DDP_LAB_WARM_SPAWN"
 # Faults the checker injects into the first life of a torchrun group (autograde/checks/launching.py):
 KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
 TEAR_SAVE = "DDP_LAB_TEAR_SAVE"  # "<rank>:<n>": that rank's n-th torch.save writes half the file, then SIGKILL

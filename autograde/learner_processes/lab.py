@@ -381,10 +381,13 @@ def install() -> None:
     stand-in's files from that folder after a short delay, each file appearing whole (Step 5)."""
     if not os.environ.get(STAGING):
         return
+    tracer.when_imported("torchvision.datasets.mnist", _stage_download)
+
+
+def _stage_download(mnist: types.ModuleType) -> None:
     import shutil
 
-    from torchvision.datasets import FashionMNIST
-
+    FashionMNIST = mnist.FashionMNIST
     original_download = FashionMNIST.download
 
     def download(self: Any) -> None:

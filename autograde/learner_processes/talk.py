@@ -164,6 +164,12 @@ def collectives(rank: int, options: argparse.Namespace, device: Any) -> Collecti
 _work: list[int] = []  # work done so far (elements and lines, see install), when it is counted
 
 
+def forked_afresh() -> None:
+    """A process forked from the warm server (tracer_warm_server.py) counts its own work from zero."""
+    if _work:
+        _work[0] = 0
+
+
 def _count_lines(caller: FrameType | None) -> None:
     """From now on (the process group has started), also count each line of the learner's file
     that runs: a share computed in a Python loop is work too. The frames of the file that are

@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import functools
 import hashlib
+import importlib.abc
 import importlib.util
 import json
 import os
@@ -32,7 +33,7 @@ import weakref
 from types import FrameType, ModuleType
 from typing import Any, Callable
 
-from autograde.protocol import COLLECTIVES, SCRIPT
+from autograde.protocol import COLLECTIVES, SCRIPT, WARM_SPAWN
 
 
 _trace_dir = ""
@@ -262,17 +263,21 @@ def life() -> int:
 def _patch_spawn() -> None:
     import torch.multiprocessing as mp
 
+    start_processes = mp.start_processes
     for name in ("spawn", "start_processes"):
         original = getattr(mp, name)
 
         def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
             @functools.wraps(original)
-            def wrapper(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
+            def wrapper(fn: Any, args: Any = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+                        start_method: str = "spawn") -> Any:
                 caller = sys._getframe(1)
                 emit("spawn", call=name, nprocs=nprocs, fn=getattr(fn, "__name__", repr(fn)),
                      caller_module=caller.f_globals.get("__name__"))
                 try:
-                    return original(fn, args, nprocs, *rest, **kwargs)
+                    if start_method == "spawn" and _warm_start():  # mp.spawn warns of any other, and spawns
+                        return start_processes(fn, args, nprocs, join, daemon, "forkserver")
+                    return original(fn, args, nprocs, join, daemon, start_method)
                 except mp.ProcessExitedException as err:
                     if err.exit_code is not None and err.exit_code < 0:  # killed by a signal, not an error exit
                         emit("child_signal", signal=err.signal_name or str(-err.exit_code))
@@ -282,9 +287,86 @@ def _patch_spawn() -> None:
         setattr(mp, name, make(original, name))
 
 
-def _patch_dataset() -> None:
-    from torchvision.datasets import FashionMNIST
+# Modules the warm server imports before it forks the learner's processes: what the course's
+# programs use (sitecustomize.py has installed the tracer in the server too), and last the module
+# that has each forked process start with nothing traced
+WARM_MODULES = ["torch", "torch.distributed", "torch.multiprocessing", "torch.nn", "torch.nn.functional",
+                "torch.optim", "torch.utils.data", "autograde.learner_processes.tracer_warm_server"]
+_server_environ: list[dict[str, str]] = []  # the environment the running server started with
 
+
+def _warm_start() -> bool:
+    """Whether a spawn may start its processes warm, and the server ready for it: forked from
+    multiprocessing's fork server, which imported torch once, instead of each a new interpreter
+    that imports it (about 1.5 s of CPU each). Each process still imports the learner's file afresh
+    as `__mp_main__`, in the learner's working folder, with the learner's sys.argv and sys.path,
+    as spawn does (multiprocessing sends a forked process the same preparation as a spawned one).
+    A spawned process also gets the environment as it is at the spawn: the server is started again
+    whenever the environment differs from the one it started with. Not with $DDP_LAB_WARM_SPAWN=0."""
+    if os.environ.get(WARM_SPAWN) == "0":
+        return False
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    now = dict(os.environ)
+    if _server_environ and _server_environ[0] != now:
+        forkserver._forkserver._stop()  # type: ignore[attr-defined]  # the only way to stop it (3.11's tests use it)
+        _server_environ.clear()
+    if not _server_environ:
+        multiprocessing.get_context("forkserver").set_forkserver_preload(WARM_MODULES)
+        _server_environ.append(now)
+    return True
+
+
+def forked_afresh() -> None:
+    """What a process forked from the warm server does first: it starts with nothing traced, as a
+    new interpreter would (the server has done no work, but what it counted is not the process's)."""
+    _steps[0] = 0
+    _ddp.clear()
+    _moved.clear()
+    _val_datasets.clear()
+    _server_environ.clear()  # a server of its own, if it spawns in turn
+
+
+def when_imported(name: str, action: Callable[[ModuleType], None]) -> None:
+    """Call `action` with the module `name` once it has been imported: now if it has, else right
+    after its code has run. The tracer patches torchvision's data sets this way, so that a process
+    that never imports torchvision (most exercises) does not pay for its import (about 1 s)."""
+    if name in sys.modules:
+        action(sys.modules[name])
+        return
+    if not _after_import:
+        sys.meta_path.insert(0, _AfterImport())
+    _after_import.setdefault(name, []).append(action)
+
+
+_after_import: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds the modules that `when_imported` waits for with the other finders, and has their
+    loader call the actions once the module's code has run."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _after_import:
+            return None
+        for finder in sys.meta_path:
+            found = finder.find_spec(fullname, path, target) if finder is not self and hasattr(finder, "find_spec") else None
+            if found is not None and found.loader is not None and hasattr(found.loader, "exec_module"):
+                run_code = found.loader.exec_module
+
+                def exec_module(module: ModuleType) -> None:
+                    run_code(module)
+                    for action in _after_import.pop(fullname, []):
+                        action(module)
+
+                found.loader.exec_module = exec_module  # type: ignore[method-assign]
+                return found
+        return None
+
+
+def _patch_dataset(mnist: ModuleType) -> None:
+    FashionMNIST = mnist.FashionMNIST
     original_init = FashionMNIST.__init__
 
     def __init__(self: Any, root: Any, train: bool = True, *args: Any, **kwargs: Any) -> None:
@@ -461,7 +543,7 @@ def install(trace_dir: str) -> None:
     _script = script_path()
     _patch_distributed()
     _patch_spawn()
-    _patch_dataset()
+    when_imported("torchvision.datasets.mnist", _patch_dataset)
     _patch_data_loading()
     _patch_models()
     _patch_print()

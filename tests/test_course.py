@@ -229,3 +229,13 @@ def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) 
         assert all(c.get("execution_count") for c in code), f"{notebook.name}: not every cell ran"
         errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
         assert not errors, f"{notebook.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+
+
+def test_make_bench_reads_each_learners_time_from_the_grading_summary() -> None:
+    from autograde.tools import bench
+
+    shown = grading.summary([grading.Outcome("ada", 20, 20, []), grading.Outcome("bob", 8, 20, ["6", "7"])],
+                            {"ada": 41.6, "bob": 38.2})
+    assert shown.splitlines()[0].split() == ["student", "score", "time", "steps", "lost"]
+    assert [(m["learner"], m["seconds"]) for m in bench.TIME_COLUMN.finditer(shown)] == [("ada", "42"), ("bob", "38")]
+    assert "time" not in grading.summary([grading.Outcome("ada", 20, 20, [])])  # no times known: no column

@@ -1,49 +1,178 @@
-"""`make bench`: speed ratios measured side by side in one run, and how long the step checks and
-the notebooks take, as a learner and CI meet them.
+"""`make bench`: how long checking and grading take on this machine, against the course's targets,
+and speed ratios measured side by side in one run.
 
-First the ratios, each of two things timed in alternating order (A, B, B, A, A, B) on this
-machine, the median of the three pairs (autograde/checker/speed.py: the clock starts after the
-warm-up steps; a run's time is its slowest rank's):
-- the finished lab script with 1 process over the starter (DDP's overhead on one process);
-- the finished script with 2 processes over 1 (the speedup check's own measurement);
-- demos/speed_fixes.py with the data preloaded as tensors over the DataLoader.
-The full run then adds a step's check over the whole `check --all` (a step's latency against all).
+Every time is also given as a ratio to the floor, one import of torch in a new interpreter
+(`python -c "import torch"`), measured in the same run: no check that launches a process can take
+less, and the ratio travels between machines better than seconds do.
 
-Each step is checked in a fresh process (`python -m autograde check --step S --fresh`: no kept
-verdicts), on the finished solution; then every step at once (`--all --fresh`), then one step
-again without --fresh (answered from the verdicts the runs kept). Last, every notebook runs
-under nbval in quick mode with an empty verdict folder, as in CI. The report compares the
-median step, the whole run and the notebooks with the course's targets on a 2-core machine:
-15 s for one step, 2 minutes for all of them, 10 minutes for all notebooks.
+- items: each item's check, cold (`python -m autograde check --step ID --fresh`, an empty verdict
+  folder), on its finished file (the lab's solution, an exercise's solution): the time, its
+  target, and what took it (the runs the check made, each with its time); then `check --all`.
+  Targets on this 2-core machine: a lab step 5 s, an exercise item 15 s, one that must kill and
+  restart a process group (its runs include a restart) 30 s, `check --all` 30 s. The SLURM items
+  run on the course's cluster (brought up for them where there is none).
+- grading: one learner's part graded by `make grade` (released from the files as they are, the
+  finished files handed in): the seconds grading says it took that learner; target 60 s.
+- ratios: each of two things timed in alternating order (A, B, B, A, A, B), the median of the three
+  pairs (autograde/checker/speed.py: the clock starts after the warm-up steps; a run's time is its
+  slowest rank's): the finished lab script with 1 process over the starter (DDP's overhead on one
+  process); 2 processes over 1 (the speedup check's own measurement); demos/speed_fixes.py with the
+  data preloaded as tensors over the DataLoader.
+- notebooks: every notebook under nbval in quick mode with an empty verdict folder, as in CI;
+  target 10 minutes.
+
+    python -m autograde.tools.bench [--only items grading ratios notebooks] [--items pi ring]
+
+The exit status is 0 exactly when every target measured is met.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from autograde import data, processes, paths, registry
-from autograde.checker import speed
+from autograde.checker import api, speed
+from autograde.course import assignment
 from autograde.checker.runs import Family, Workspace
 from autograde.protocol import STOP_AT_STEP, TRACE_STEPS
 from autograde.checks import scaling
 from autograde.tools import nbval_runner
 
 ROOT, SOLUTION = paths.REPO, paths.SOLUTION
-STEP_TARGET, ALL_TARGET, NOTEBOOKS_TARGET = 15.0, 120.0, 600.0
 
 
-def time_check(*args: str, script: Path = SOLUTION) -> float:
+STEP_TARGET, ITEM_TARGET, RESTART_TARGET, ALL_TARGET, GRADE_TARGET, NOTEBOOKS_TARGET = 5.0, 15.0, 30.0, 30.0, 60.0, 600.0
+SECTIONS = ("items", "grading", "ratios", "notebooks")
+
+
+def time_check(*args: str, script: Path = SOLUTION, env: dict[str, str] | None = None) -> float:
     result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--script", str(script), *args],
-                        timeout=600, cwd=ROOT, env={"OMP_NUM_THREADS": "1"})
+                        timeout=600, cwd=ROOT, env={"OMP_NUM_THREADS": "1", **(env or {})})
     if result.returncode != 0:
         sys.exit(f"error: the check {' '.join(args)} failed on the solution:\n{result.stdout}{result.stderr}")
     return result.seconds
+
+
+def floor() -> float:
+    """One import of torch in a new interpreter: the median of three."""
+    return statistics.median(processes.run([processes.PYTHON, "-c", "import torch"], timeout=120).seconds
+                             for _ in range(3))
+
+
+def target(item: registry.Item) -> float:
+    if item.part == registry.LAB:
+        return STEP_TARGET
+    return RESTART_TARGET if Family.RESTART in item.runs else ITEM_TARGET
+
+
+def finished_file(item: registry.Item, lab_script: Path) -> Path:
+    return lab_script if item.part == registry.LAB else ROOT / str(item.checkpoint)
+
+
+def what_took_it(script: Path, seconds: float) -> str:
+    """The runs the last check of `script` made (from its recording), each with its time, and
+    what the rest of the time went on."""
+    recorded = api.recorded_runs(script)
+    if recorded is None:
+        return "its runs were not recorded"
+    try:
+        made = {key: max((r.seconds for r in run.results), default=0.0) for key, run in recorded.made().items()}
+    finally:
+        recorded.close()
+    if not made:
+        return "no run: it reads the file"
+    each = ", ".join(f"{key} {took:.1f} s" for key, took in made.items())
+    return (f"{len(made)} run{'s' if len(made) > 1 else ''} ({each}); the checker itself "
+            f"{max(0.0, seconds - sum(made.values())):.1f} s")
+
+
+def line(name: str, seconds: float, floor_s: float, goal: float, detail: str = "") -> str:
+    verdict = "met" if seconds <= goal else "MISSED"
+    return (f"{name:<17} {seconds:6.1f} s  {seconds / floor_s:5.1f} x floor  target {goal:3.0f} s: {verdict:<6}"
+            + (f"  {detail}" if detail else ""))
+
+
+def items(chosen: list[str], lab_script: Path, floor_s: float) -> tuple[list[str], bool]:
+    """Each chosen item's cold check on its finished file, then `check --all` on the lab's (when
+    every lab step is chosen): a line each, and whether every target was met."""
+    lines, met = [], True
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as verdicts, _slurm() as slurm_env:
+        env = {"DDP_LAB_CACHE_DIR": verdicts, **slurm_env}
+        os.environ["DDP_LAB_CACHE_DIR"] = verdicts  # where this process reads the runs' recordings
+        for item_id in chosen:
+            item = registry.item(item_id)
+            script = finished_file(item, lab_script)
+            result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--step", item.id, "--fresh",
+                                    "--json", "--script", str(script)], timeout=600, cwd=ROOT,
+                                   env={"OMP_NUM_THREADS": "1", **env})
+            try:
+                status = json.loads(result.stdout)[0]["status"]
+            except (ValueError, LookupError):
+                status = f"no verdict (exit status {result.returncode})"
+            if status == "n/a":
+                lines.append(f"{item.id:<17} {result.seconds:6.1f} s  n/a here: not judged on this machine")
+                continue
+            detail = what_took_it(script, result.seconds) + ("" if status == "pass" else f"; verdict {status}!")
+            met = met and result.seconds <= target(item) and status == "pass"
+            lines.append(line(item.id, result.seconds, floor_s, target(item), detail))
+            print(lines[-1], flush=True)
+        if set(registry.LAB_STEPS) <= set(chosen):
+            every = time_check("--all", "--fresh", script=lab_script, env=env)
+            met = met and every <= ALL_TARGET
+            lines.append(line("check --all", every, floor_s, ALL_TARGET, "the lab's steps at once"))
+            print(lines[-1], flush=True)
+    return lines, met
+
+
+@contextlib.contextmanager
+def _slurm() -> Iterator[dict[str, str]]:
+    """The course's SLURM for the SLURM items (none: they are n/a, and say so)."""
+    from autograde.tools import slurm_cluster
+
+    try:
+        with slurm_cluster.available() as env:
+            yield env
+    except slurm_cluster.ClusterError:
+        yield {}
+
+
+TIME_COLUMN = re.compile(r"^(?P<learner>\S+) +\S+ +(?P<seconds>\d+) s ", re.M)
+
+
+def grading(part: str, floor_s: float) -> tuple[list[str], bool]:
+    """One learner's part, released from the files as they are and handed in finished, graded by
+    `make grade`'s own command: the time grading says it took that learner."""
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-course-") as folder:
+        course = Path(folder)
+        env = {"DDP_LAB_COURSE_DIR": str(course), "OMP_NUM_THREADS": "1"}
+        released = processes.run([processes.PYTHON, "-m", "autograde.course", "release", "--part", part,
+                                  "--from", assignment.WORKING_COPY], timeout=600, cwd=ROOT, env=env)
+        if released.returncode != 0:
+            sys.exit(f"error: releasing {part} failed:\n{released.output[-2000:]}")
+        handed_in = course / "submitted" / "learner" / part
+        shutil.copytree(course / "release" / part, handed_in)
+        for item in registry.ITEMS:
+            if item.part == part and item.checkpoint:
+                shutil.copy(ROOT / item.checkpoint, handed_in / item.file)
+        graded = processes.run([processes.PYTHON, "-m", "autograde.course", "grade", "--part", part, "--jobs", "1"],
+                               timeout=3600, cwd=ROOT, env=env)
+        found = TIME_COLUMN.search(graded.stdout)
+        if graded.returncode != 0 or found is None:
+            sys.exit(f"error: grading {part} failed:\n{graded.output[-3000:]}")
+        seconds = float(found["seconds"])
+        score = graded.stdout[found.start():].splitlines()[0].split()[1]
+        return [line(f"grading {part}", seconds, floor_s, GRADE_TARGET,
+                     f"one learner, score {score} (make grade's own time; {graded.seconds:.0f} s with release "
+                     "of feedback and export)")], seconds <= GRADE_TARGET
 
 
 PAIRS, WARMUP, STEPS, BATCH = 3, 3, 30, 32
@@ -107,35 +236,43 @@ def _show(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde.tools.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--script", type=Path, default=SOLUTION, help="the script to check (a correct one)")
-    parser.add_argument("--ratios-only", action="store_true", help="only the speed ratios (a few minutes)")
+    parser.add_argument("--script", type=Path, default=SOLUTION, help="the lab script to check (a correct one)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="the sections to run")
+    parser.add_argument("--items", nargs="+", choices=registry.STEPS, default=registry.STEPS, metavar="ID",
+                        help="the items to time (default: every one)")
+    parser.add_argument("--grade-part", choices=list(registry.PART), default=registry.LAB,
+                        help=f"the part graded (default {registry.LAB})")
     args = parser.parse_args(argv)
-    measured = ratios()
-    print("\n".join(measured), flush=True)
-    if args.ratios_only:
-        return 0
-    times = {}
-    for step in registry.LAB_STEPS:  # the lab's steps, on the lab's script
-        times[step] = time_check("--step", step, "--fresh", script=args.script)
-        print(f"step {step:<8} {times[step]:6.1f} s", flush=True)
-    every = time_check("--all", "--fresh", script=args.script)
-    kept = time_check("--step", "4", script=args.script)
-    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as folder:
-        course = nbval_runner.learner_copy(Path(folder) / "course", args.script)
-        names = sorted(p.name for p in nbval_runner.NOTEBOOKS.glob("*.ipynb"))
-        run = nbval_runner.nbval(course / "notebooks", *names, timeout=1800, env={"DDP_LAB_CACHE_DIR": folder})
-    if run.returncode != 0:
-        sys.exit(f"error: the notebooks failed under nbval:\n{run.stdout[-3000:]}")
-    median = statistics.median(times.values())
-    print(f"\none step, median {median:.1f} s (slowest: step {max(times, key=times.__getitem__)}, "
-          f"{max(times.values()):.1f} s): {median / STEP_TARGET:.2f} x the {STEP_TARGET:.0f} s target")
-    print(f"--all {every:.1f} s: {every / ALL_TARGET:.2f} x the {ALL_TARGET:.0f} s target")
-    print(f"step 4 again, from kept verdicts: {kept:.1f} s ({kept / median:.2f} x the median cold step)")
-    print(f"one step's latency over all steps: {median:.1f} s / {every:.1f} s = {median / every:.2f}")
-    print("\n".join(measured))
-    print(f"all {len(names)} notebooks under nbval, quick mode: {run.seconds:.1f} s: "
-          f"{run.seconds / NOTEBOOKS_TARGET:.2f} x the {NOTEBOOKS_TARGET:.0f} s target")
-    return 0 if median <= STEP_TARGET and every <= ALL_TARGET and run.seconds <= NOTEBOOKS_TARGET else 1
+    floor_s = floor()
+    report = [f"floor: one import of torch, {floor_s:.2f} s (median of 3)"]
+    print(report[0], flush=True)
+    met = True
+    if "items" in args.only:
+        measured, ok = items(args.items, args.script.resolve(), floor_s)
+        report += measured
+        met = met and ok
+    if "grading" in args.only:
+        measured, ok = grading(args.grade_part, floor_s)
+        print(measured[0], flush=True)
+        report += measured
+        met = met and ok
+    if "ratios" in args.only:
+        measured = ratios()
+        print("\n".join(measured), flush=True)
+        report += measured
+    if "notebooks" in args.only:
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as folder:
+            course = nbval_runner.learner_copy(Path(folder) / "course", args.script)
+            names = sorted(p.name for p in nbval_runner.NOTEBOOKS.glob("*.ipynb"))
+            run = nbval_runner.nbval(course / "notebooks", *names, timeout=1800, env={"DDP_LAB_CACHE_DIR": folder})
+        if run.returncode != 0:
+            sys.exit(f"error: the notebooks failed under nbval:\n{run.stdout[-3000:]}")
+        report.append(line(f"{len(names)} notebooks", run.seconds, floor_s, NOTEBOOKS_TARGET, "nbval, quick mode"))
+        met = met and run.seconds <= NOTEBOOKS_TARGET
+    missed = [entry.split()[0] for entry in report if "MISSED" in entry]
+    print("\n" + "\n".join(report))
+    print("every target met" if met else f"targets missed: {', '.join(missed) or 'a check that did not pass'}")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

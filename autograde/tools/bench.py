@@ -129,6 +129,7 @@ def items(chosen: list[str], lab_script: Path, floor_s: float) -> tuple[list[str
                 status = f"no verdict (exit status {result.returncode})"
             if status == "n/a":
                 lines.append(f"{item.id:<17} {result.seconds:6.1f} s  n/a here: not judged on this machine")
+                print(lines[-1], flush=True)
                 continue
             detail = what_took_it(script, result.seconds) + ("" if status == "pass" else f"; verdict {status}!")
             met = met and result.seconds <= target(item) and status == "pass"

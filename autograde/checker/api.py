@@ -92,11 +92,8 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
         file = registry.item(wanted[0]).file
         for step in registry.answered_by(set(ws.made())):
             if step not in known and registry.item(step).file == file:
-                refused = ws.refused
                 with ws.only_made(), contextlib.suppress(runs.Unmade):  # no run more for an item not asked
-                    verdict = judge.check(ws, step)
-                    if ws.refused == refused:  # judged whole: an earlier item named in it had its runs too
-                        known[step] = verdict
+                    known[step] = judge.check(ws, step)
         outside = {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
                    if (cause := run.outside_cause()) is not None}
         if record is not None and not outside:

@@ -79,6 +79,8 @@ def _first_failing_before(ws: Workspace, step: str) -> Result | None:
         except Failed as failure:
             if not failure.inconclusive:  # a run cut short by a later step's bug says nothing about this one
                 return Result(earlier.id, False, failure.observed, failure.hint(_label, earlier.id))
+        except runs.Unmade:
+            raise  # the verdict would lack the earlier item: judged only where its runs may be made
         except Exception:  # check() reports a check's own failure; here it only hides an earlier step
             continue
     return None

@@ -249,8 +249,7 @@ class Workspace:
         self.root = Path(tempfile.mkdtemp(prefix="ddp-lab-check-"))
         self.staging = self.root / "staging"
         self.replaying = False  # True: the runs come from a recording (replay), and none is made
-        self.refused = 0  # runs asked for while only the runs made could be read (only_made)
-        self._may_launch = True
+        self._may_launch = True  # False: only the runs made so far may be read (only_made)
         data.write_synthetic(self.staging, TRAIN_SIZE, VAL_SIZE, seed=11)
 
     def close(self) -> None:
@@ -277,7 +276,7 @@ class Workspace:
         ws.gpus = record.get("gpus", 0)
         ws.root = Path(tempfile.mkdtemp(prefix="ddp-lab-replay-"))
         ws.staging, ws.script, ws.replaying = ws.root / "staging", ws.root / "fashion_mnist.py", True
-        ws.refused, ws._may_launch = 0, True
+        ws._may_launch = True
         ws.script.write_text(record["script"])
         for name, run in record["runs"].items():
             traces = {int(pid): ProcessTrace(int(pid), events) for pid, events in run["traces"].items()}
@@ -294,7 +293,7 @@ class Workspace:
     @contextlib.contextmanager
     def only_made(self) -> Iterator[None]:
         """Within the block, a check reads only the runs made so far: asking for another raises
-        Unmade (and counts in `refused`). The checker judges in such a block the items it was not
+        Unmade. The checker judges in such a block the items it was not
         asked for, from the runs made for those it was: never a run more for an item not asked."""
         self._may_launch = False
         try:
@@ -399,7 +398,6 @@ class Workspace:
         if self.replaying:
             raise NotRecorded(f"the {name} was not recorded: record it again (.venv/bin/python tests/record_runs.py)")
         if not self._may_launch:
-            self.refused += 1
             raise Unmade(f"the {name} was not made: only the runs made so far may be read")
         spoilt = [f"the {run.name}: {cause}" for run in self.made().values() if (cause := run.outside_cause())]
         if spoilt:  # these runs will all be made again: making more now would only cost time

@@ -70,7 +70,7 @@ def summary(results: Sequence[Outcome], seconds: Mapping[str, float] | None = No
     timed = f"  {'time':>6}" if seconds else ""
     lines = [f"{'student':<{width}}  {'score':>7}{timed}  steps lost"]
     for o in results:
-        took = f"  {seconds[o.student]:>4.0f} s" if o.student in seconds else ("  " + " " * 6 if seconds else "")
+        took = "" if not seconds else f"  {seconds[o.student]:>4.0f} s" if o.student in seconds else f"  {'':>6}"
         lines.append(f"{o.student:<{width}}  {f'{o.score:g}/{o.max_score:g}':>7}{took}  {' '.join(o.lost) or 'none'}")
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
+from unittest import mock
 
 from autograde import data, processes, paths, registry
 from autograde.checker import api, speed
@@ -54,9 +55,14 @@ STEP_TARGET, ITEM_TARGET, RESTART_TARGET, ALL_TARGET, GRADE_TARGET, NOTEBOOKS_TA
 SECTIONS = ("items", "grading", "ratios", "notebooks")
 
 
+def check(*args: str, script: Path = SOLUTION, env: dict[str, str] | None = None) -> processes.Result:
+    """`python -m autograde check --script SCRIPT ARGS`, as a learner runs it."""
+    return processes.run([processes.PYTHON, "-m", "autograde", "check", "--script", str(script), *args],
+                         timeout=600, cwd=ROOT, env={"OMP_NUM_THREADS": "1", **(env or {})})
+
+
 def time_check(*args: str, script: Path = SOLUTION, env: dict[str, str] | None = None) -> float:
-    result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--script", str(script), *args],
-                        timeout=600, cwd=ROOT, env={"OMP_NUM_THREADS": "1", **(env or {})})
+    result = check(*args, script=script, env=env)
     if result.returncode != 0:
         sys.exit(f"error: the check {' '.join(args)} failed on the solution:\n{result.stdout}{result.stderr}")
     return result.seconds
@@ -114,15 +120,13 @@ def items(chosen: list[str], lab_script: Path, floor_s: float) -> tuple[list[str
     """Each chosen item's cold check on its finished file, then `check --all` on the lab's (when
     every lab step is chosen): a line each, and whether every target was met."""
     lines, met = [], True
-    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as verdicts, _slurm() as slurm_env:
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as verdicts, _slurm() as slurm_env, \
+            mock.patch.dict(os.environ, DDP_LAB_CACHE_DIR=verdicts):  # where this process reads the runs' recordings
         env = {"DDP_LAB_CACHE_DIR": verdicts, **slurm_env}
-        os.environ["DDP_LAB_CACHE_DIR"] = verdicts  # where this process reads the runs' recordings
         for item_id in chosen:
             item = registry.item(item_id)
             script = finished_file(item, lab_script)
-            result = processes.run([processes.PYTHON, "-m", "autograde", "check", "--step", item.id, "--fresh",
-                                    "--json", "--script", str(script)], timeout=600, cwd=ROOT,
-                                   env={"OMP_NUM_THREADS": "1", **env})
+            result = check("--step", item.id, "--fresh", "--json", script=script, env=env)
             try:
                 status = json.loads(result.stdout)[0]["status"]
             except (ValueError, LookupError):

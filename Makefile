@@ -31,6 +31,7 @@ help:
 	@echo "make bench           each item's cold check, one learner's grading, ratios, notebooks: against the targets (BENCH_ARGS='--only items')"
 	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
 	@echo "make slurm-up        a real SLURM of 2 emulated nodes on this machine (root; SLURM_FOLDER=dir); make slurm-down stops it"
+	@echo "make hub             instructors, as root: JupyterHub for a class (CLASS=deploy/jupyterhub/class.toml; docs/instructors.md)"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
@@ -109,6 +110,22 @@ slurm-up: setup
 
 slurm-down: setup
 	$(PY) -m autograde.tools.slurm_cluster down --folder $(SLURM_FOLDER)
+
+# A class on JupyterHub (deploy/jupyterhub/, docs/instructors.md), run as root. JupyterHub's proxy,
+# configurable-http-proxy, comes from the npm registry into the environment (Node.js: apt-get install
+# nodejs npm). CLASS: the class's settings (who teaches, who learns, the spawner, the limits).
+CLASS ?= deploy/jupyterhub/class.toml
+PROXY_VERSION := 5.3.0
+.PHONY: hub hub-setup
+$(VENV)/bin/configurable-http-proxy:
+	@command -v npm >/dev/null || { echo "npm not found: apt-get install nodejs npm (JupyterHub's proxy runs on Node.js)" >&2; exit 1; }
+	npm install --silent --no-fund --no-audit --prefix $(VENV)/node configurable-http-proxy@$(PROXY_VERSION)
+	ln -sf ../node/node_modules/.bin/configurable-http-proxy $@
+
+hub-setup: setup $(VENV)/bin/configurable-http-proxy
+
+hub: hub-setup
+	DDP_LAB_CLASS="$(abspath $(CLASS))" $(VENV)/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)

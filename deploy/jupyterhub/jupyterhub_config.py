@@ -1,0 +1,48 @@
+"""JupyterHub for a class of the DDP Lab: `make hub` (docs/instructors.md, "A class on JupyterHub").
+
+Everything a class changes is in its settings file, deploy/jupyterhub/class.toml or $DDP_LAB_CLASS
+(autograde/course/hub/settings.py says what each setting means); this file turns them into
+JupyterHub's configuration. The hub runs as root, from the course's environment: it logs class
+members in with their Unix password (PAM) and starts each one's server as that user.
+"""
+import sys
+
+from autograde.course.hub import settings as class_settings
+from autograde.course.hub import spawners
+
+c = get_config()  # type: ignore[name-defined]  # noqa: F821 (JupyterHub provides it)
+
+try:
+    s = class_settings.load()
+    class_settings.check_open_to_class(s.course / "autograde", spawners.BIN / "python")
+except class_settings.SettingsError as err:
+    sys.exit(f"error: {err}")
+s.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+c.JupyterHub.ip = s.ip
+c.JupyterHub.port = s.port
+c.JupyterHub.hub_port = s.port + 1  # the hub's own API, and the proxy's: the two ports after the hub's
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.port + 2}"
+c.JupyterHub.hub_ip = "0.0.0.0" if s.spawner == "slurm" else "127.0.0.1"  # SLURM nodes call the hub back
+if s.hub_connect_ip:
+    c.JupyterHub.hub_connect_ip = s.hub_connect_ip
+c.JupyterHub.db_url = f"sqlite:///{s.state / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(s.state / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(s.state / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.command = [str(spawners.BIN / "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.pid_file = str(s.state / "proxy.pid")
+
+# Class members log in with their Unix user name and password; nobody else does.
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.open_sessions = False
+c.Authenticator.allowed_users = set(s.members)
+c.Authenticator.admin_users = set(s.instructors)
+
+c.JupyterHub.spawner_class = spawners.spawner_class(s)
+c.Spawner.default_url = "/lab"
+c.Spawner.notebook_dir = "~"
+c.Spawner.start_timeout = 300 if s.spawner == "slurm" else 120  # a job may wait in the queue
+c.Spawner.http_timeout = 120
+c.Spawner.poll_interval = 10  # notice a server that died within seconds
+if s.spawner == "slurm":
+    c.Spawner.ip = "0.0.0.0"  # the hub reaches the server on its node

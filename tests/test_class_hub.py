@@ -1,0 +1,465 @@
+"""A class on the course's JupyterHub (deploy/jupyterhub/, `make hub`), in a real browser.
+
+The module's hub runs as root, as an instructor would run it, with `make hub` in this checkout (the
+course installed once) and a settings file of the test's: an instructor and two learners who are
+real Unix users with passwords, created here and removed afterwards (with their homes, processes
+and cgroups), an exchange and a small stand-in of the data in a fresh folder. Each class member
+logs in through the hub's login page in a browser context of their own (Playwright, Debian's
+Chromium), and works as they would: the instructor releases the lab from the formgrader, each
+learner fetches it from the Assignments tab, edits fashion_mnist.py in the editor, runs a check in
+a notebook and submits; the instructor collects, autogrades, makes and releases the feedback;
+each learner fetches their own. Then what keeps learners apart: homes and the gradebook are
+closed to them, a runaway training ends at its learner's memory limit while the other learner's
+check runs, a dead server is started again from the hub with the learner's work in place; and a
+login and a check with the SLURM spawner, each server a job on the course's SLURM cluster.
+
+Screenshots of each role's view go to $DDP_LAB_ARTIFACTS/<test>/<user>/ (default: the test's
+tmp_path/artifacts), with the hub's log; the test prints each step's time. Needs root (real users
+and cgroups), Debian's Chromium and npm (JupyterHub's proxy); without them it skips and says why.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autograde import data, processes
+from autograde.course.hub import limits, settings
+from conftest import ROOT, Slurm
+from test_browser import (CHROMIUM_FLAGS, VENV, VIEWPORT, Steps, cell, chromium, kernel_ready, make_env,  # noqa: F401
+                          menu_command, open_in_file_browser, run_cell, tab, wait_for_text)
+
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.launch]
+
+MARK = "ddp-lab class test"  # the users' comment (GECOS): a leftover of an earlier run is recognised by it
+TEACHER, ADA, GRACE = "ddpl-teacher", "ddpl-ada", "ddpl-grace"
+LEARNERS = (ADA, GRACE)
+MEMORY_LIMIT = "1200M"  # each learner's, in this test: a server, a kernel and a check fit; a runaway does not
+HUB_TIMEOUT = 180  # s for the hub to answer, and for a server to start
+
+
+def _free_ports(count: int) -> int:
+    """A port p with p..p+count-1 all free (the hub, its API and the proxy's API take three in a row)."""
+    for _ in range(50):
+        base = processes.free_port()
+        if base + count < 65536 and all(_port_free(base + i) for i in range(count)):
+            return base
+    raise AssertionError("no free run of ports")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _kill_user_processes(name: str) -> list[int]:
+    """SIGKILL every process of `name`; the pids that were there."""
+    uid = pwd.getpwnam(name).pw_uid
+    found = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _owner(p) == uid]
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return found
+
+
+def _owner(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
+
+
+def _remove_user(name: str) -> None:
+    if not _user_exists(name):
+        return
+    _kill_user_processes(name)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["userdel", "-r", name], capture_output=True).returncode not in (0, 12):  # 12: no mail spool
+        assert time.monotonic() < deadline, f"userdel {name} kept failing"
+        _kill_user_processes(name)
+        time.sleep(0.5)
+
+
+def _processes_of(name: str) -> list[str]:
+    uid = pwd.getpwnam(name).pw_uid
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        if _owner(proc) == uid:
+            try:
+                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {args[:120]}")
+            except OSError:
+                continue
+    return found
+
+
+def as_user(user: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """`command` run as `user` (runuser), as a learner's own terminal would run it."""
+    return subprocess.run(["runuser", "-u", user, "--", *command], capture_output=True, text=True, timeout=60)
+
+
+class ClassHub:
+    """`make hub` with the test's class settings, its users and folders; started and stopped here."""
+
+    def __init__(self, artifacts: Path) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="ddp-lab-class-"))
+        self.folder.chmod(0o755)
+        self.exchange = self.folder / "exchange"
+        self.exchange.mkdir()
+        self.exchange.chmod(0o777)  # nbgrader's exchange: everyone writes, nbgrader sets each folder's mode
+        self.data = self.folder / "data"
+        data.write_synthetic(self.data / "synthetic", 640, 301, seed=3)
+        for path in [self.data, *self.data.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        self.passwords = {user: secrets.token_urlsafe(12) for user in (TEACHER, *LEARNERS)}
+        self.port = _free_ports(3)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = artifacts / "jupyterhub.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.opened: list[tuple[Path, int]] = []  # folders this test opened to other users, with their modes
+
+    def add_users(self) -> None:
+        for user in self.passwords:
+            if _user_exists(user):
+                assert pwd.getpwnam(user).pw_gecos == MARK, f"a user {user} exists and is not this test's"
+                _remove_user(user)  # left by an earlier run that was killed
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", MARK, user], check=True)
+        subprocess.run(["chpasswd"], input="".join(f"{u}:{p}\n" for u, p in self.passwords.items()), text=True,
+                       check=True)
+
+    def open_course(self) -> None:
+        """Let class members reach the course and its Python (here /root is on the way to pyenv's Python)."""
+        for path in (ROOT / "autograde", Path(processes.PYTHON)):
+            for folder in settings.closed_folders(path):
+                self.opened.append((folder, stat.S_IMODE(folder.stat().st_mode)))
+                folder.chmod(stat.S_IMODE(folder.stat().st_mode) | 0o001)
+
+    def write_settings(self, spawner: str, slurm_conf: str = "") -> Path:
+        path = self.folder / f"class-{spawner}.toml"
+        path.write_text("\n".join([
+            f'spawner = "{spawner}"', f'instructors = ["{TEACHER}"]', f'learners = ["{ADA}", "{GRACE}"]',
+            'ip = "127.0.0.1"', f"port = {self.port}", f'exchange = "{self.exchange}"', f'data = "{self.data}"',
+            f'state = "{self.folder / "state"}"', f'slurm_conf = "{slurm_conf}"', 'hub_connect_ip = "127.0.0.1"',
+            "[local]", "gpus = 4", f'memory = "{MEMORY_LIMIT}"', "cpus = 1.0",
+            "[slurm]", 'time = "00:30:00"', 'memory = "2G"', "cpus = 1", "gpus = 1", ""]))
+        return path
+
+    def start(self, spawner: str = "local", slurm_conf: str = "") -> None:
+        class_file = self.write_settings(spawner, slurm_conf)
+        command = ["make", "--no-print-directory", "hub", f"CLASS={class_file}", f"VENV={VENV}",
+                   "-o", f"{VENV}/.installed", "-o", f"{VENV}/.jupyter-config"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(command, cwd=ROOT, env=make_env(os.environ), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + HUB_TIMEOUT
+        while self.get("/hub/api/")[0] != 200:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"make hub exited ({self.proc.returncode}): {self.log_tail()}")
+            assert time.monotonic() < deadline, f"the hub did not answer within {HUB_TIMEOUT} s: {self.log_tail()}"
+            time.sleep(0.5)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except OSError:
+            return 0, b""
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        """Stop the hub (it stops every server it started) and what is left of make's process group."""
+        if self.proc is None:
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=45)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc = None
+
+    def leftovers(self) -> list[str]:
+        """Processes of the class's users, waited for a while (servers end after the hub stops them)."""
+        deadline = time.monotonic() + 30
+        while True:
+            left = [line for user in self.passwords if _user_exists(user) for line in _processes_of(user)]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+    def remove(self) -> None:
+        for user in self.passwords:
+            cgroup = _cgroup_of(user)
+            _remove_user(user)
+            if cgroup:
+                limits.remove_cgroup(cgroup)
+        for folder, mode in reversed(self.opened):
+            folder.chmod(mode)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _cgroup_of(user: str) -> limits.Cgroup | None:
+    version = limits.cgroup_version()
+    if version == 2:
+        folders = [limits.CGROUP_ROOT / limits.NAME / user]
+    else:
+        folders = [limits.CGROUP_ROOT / c / limits.NAME / user for c in ("memory", "cpu", "pids")]
+    folders = [f for f in folders if f.is_dir()]
+    return limits.Cgroup(folders) if folders else None
+
+
+@pytest.fixture(scope="module")
+def hub(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClassHub]:
+    if os.geteuid() != 0:
+        pytest.skip("the class test needs root: it creates Unix users and runs the hub as root, as `make hub` does")
+    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
+        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm (.ci/run does)")
+    base = Path(os.environ["DDP_LAB_ARTIFACTS"]) if os.environ.get("DDP_LAB_ARTIFACTS") else \
+        tmp_path_factory.mktemp("artifacts")
+    artifacts = base / "class_hub"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir(parents=True)
+    print(f"\nthe class on JupyterHub: screenshots and the hub's log in {artifacts}")
+    the_hub = ClassHub(artifacts)
+    try:
+        the_hub.add_users()
+        the_hub.open_course()
+        the_hub.start()
+        yield the_hub
+    finally:
+        the_hub.stop()
+        left = the_hub.leftovers()
+        the_hub.remove()
+    assert not left, f"class members' processes left after the hub stopped (killed now): {left}"
+    assert not any(_user_exists(u) for u in the_hub.passwords), "a test user was not removed"
+
+
+class Member:
+    """A class member in a browser context of their own, with their screenshots and step times."""
+
+    def __init__(self, browser: Any, hub: ClassHub, user: str, artifacts: Path) -> None:
+        self.user, self.hub = user, hub
+        self.context = browser.new_context(viewport=VIEWPORT)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(120_000)
+        folder = artifacts / user
+        folder.mkdir(parents=True, exist_ok=True)
+        self.steps = Steps(self.page, folder)
+
+    @property
+    def home(self) -> Path:
+        return Path(pwd.getpwnam(self.user).pw_dir)
+
+    def log_in(self) -> None:
+        with self.steps.step("log-in"):
+            self.page.goto(f"{self.hub.url}/hub/login")
+            self.page.fill("#username_input", self.user)
+            self.page.fill("#password_input", self.hub.passwords[self.user])
+            self.page.click("#login_submit")
+            self.page.locator(".jp-FileBrowser .jp-DirListing-item").first.wait_for(timeout=HUB_TIMEOUT * 1000)
+
+    def assignments(self) -> Any:
+        """The Assignments tab (nbgrader's assignment list), opened from the Nbgrader menu, refreshed."""
+        menu_command(self.page, "Nbgrader", "Assignment List")
+        panel = self.page.locator(".lm-DockPanel-widget:visible", has=self.page.locator("#released_assignments_list"))
+        panel.locator("#refresh_assignments_list").click()
+        return panel
+
+    def terminal(self, command: str, expect: str, timeout: float = 240) -> str:
+        """Type `command` into a new terminal; its screen once `expect` shows."""
+        menu_command(self.page, "File", "New", "Terminal")
+        screen = self.page.locator(".jp-Terminal:visible .xterm-accessibility-tree")
+        wait_for_text(screen, r"[#$]\s*$", 60)
+        self.page.locator(".jp-Terminal:visible .xterm").click()
+        self.page.keyboard.type(command + "\n")
+        return wait_for_text(screen, expect, timeout)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@contextmanager
+def members(hub: ClassHub, artifacts: Path, *users: str) -> Iterator[list[Member]]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(shutil.which("chromium") or "/usr/bin/chromium"),
+                                             headless=True, args=CHROMIUM_FLAGS)
+        people = [Member(browser, hub, user, artifacts) for user in users]
+        try:
+            yield people
+        finally:
+            for person in people:
+                print(f"{person.user}'s steps (screenshots in {person.steps.folder}):\n{person.steps.report()}")
+            browser.close()
+
+
+def formgrader_row(page: Any, hub: ClassHub, assignment: str = "ddp_lab") -> Any:
+    page.goto(f"{hub.url}/user/{TEACHER}/formgrader/manage_assignments")
+    return page.locator("tr", has=page.locator("td.name", has_text=re.compile(f"^{assignment}$")))
+
+
+def formgrader_action(page: Any, button: Any, timeout: float = 300) -> str:
+    """Click a formgrader button and wait for its Success dialog (AssertionError with the log on Error)."""
+    button.click()
+    dialog = page.locator("#success-modal, #error-modal").first
+    dialog.wait_for(timeout=timeout * 1000)
+    text = str(dialog.text_content())
+    assert dialog.get_attribute("id") == "success-modal", text[-3000:]
+    dialog.locator("button.close").first.click()
+    dialog.wait_for(state="hidden")
+    return text
+
+
+STEP_0 = "import torch.distributed as dist"
+
+
+def edit_script(member: Member, line: str) -> None:
+    """Open ddp_lab/fashion_mnist.py in the editor, add `line` under Step 0's TODO, save."""
+    page = member.page
+    open_in_file_browser(page, "ddp_lab", "fashion_mnist.py")
+    page.locator(".jp-FileEditor:visible .cm-line", has_text="# TODO Step 0").click()
+    page.keyboard.press("End")
+    page.keyboard.press("Enter")
+    page.keyboard.type(line)
+    page.keyboard.press("Control+s")
+    script = member.home / "ddp_lab" / "fashion_mnist.py"
+    deadline = time.monotonic() + 30
+    while f"\n{line}\n" not in script.read_text():
+        assert time.monotonic() < deadline, "the edit did not reach fashion_mnist.py on disk"
+        time.sleep(0.25)
+
+
+def check_step_0(member: Member) -> str:
+    """Run Step 0's check cell in the fetched lab's notebook; its output."""
+    page = member.page
+    open_in_file_browser(page, "ddp_lab", "03_steps_0_to_2.ipynb")
+    page.locator(".jp-NotebookPanel:visible", has_text="Steps 0-2").wait_for()
+    kernel_ready(page)
+    run_cell(page, cell(page, "import autograde"))
+    return run_cell(page, cell(page, "autograde.assert_step(0)"))
+
+
+def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHub, tmp_path: Path) -> None:
+    artifacts = hub.log_path.parent
+    with members(hub, artifacts, TEACHER, ADA, GRACE) as (teacher, ada, grace):
+        teacher.log_in()
+        with teacher.steps.step("instructor-sees-the-formgrader-and-the-course"):
+            assert (teacher.home / "grading" / "source" / "ddp_lab" / "fashion_mnist.py").is_file()
+            row = formgrader_row(teacher.page, hub)
+            row.wait_for()
+        with teacher.steps.step("instructor-generates-and-releases-the-lab"):
+            formgrader_action(teacher.page, row.locator("td.assign a"))
+            formgrader_action(teacher.page, row.locator("td.release a"))
+            assert (hub.exchange / "ddp-lab" / "outbound" / "ddp_lab" / "fashion_mnist.py").is_file()
+
+        for learner, line in ((ada, STEP_0), (grace, "import torch.multiprocessing as mp")):
+            learner.log_in()
+            with learner.steps.step("learner-sees-no-instructor-tools"):
+                assert (learner.home / "ddp-lab-course" / "fashion_mnist.py").is_file()  # the first login's copy
+                assert stat.S_IMODE(learner.home.stat().st_mode) == 0o700
+                assert hub.get(f"/user/{learner.user}/formgrader")[0] != 200
+            with learner.steps.step("learner-fetches-the-lab"):
+                panel = learner.assignments()
+                panel.locator("#released_assignments_list .list_item", has_text="ddp_lab").locator(
+                    "button", has_text="Fetch").click()
+                panel.locator("#fetched_assignments_list .list_item", has_text="ddp_lab").first.wait_for()
+                assert (learner.home / "ddp_lab" / "fashion_mnist.py").is_file()
+            with learner.steps.step("learner-edits-fashion_mnist.py"):
+                edit_script(learner, line)
+            with learner.steps.step("learner-runs-the-step-0-check"):
+                verdict = check_step_0(learner)
+                passed = re.search(r"step 0\W+pass", verdict, flags=re.IGNORECASE)
+                assert bool(passed) == (line == STEP_0), verdict
+                if not passed:
+                    assert "hint" in verdict.lower(), verdict
+            with learner.steps.step("learner-submits"):
+                tab(learner.page, "Assignments")
+                panel = learner.assignments()
+                panel.locator("#fetched_assignments_list .list_item", has_text="ddp_lab").locator(
+                    "button", has_text="Submit").first.click()
+                panel.locator("#submitted_assignments_list .list_item", has_text="ddp_lab").first.wait_for()
+
+        with teacher.steps.step("instructor-collects"):
+            row = formgrader_row(teacher.page, hub)
+            formgrader_action(teacher.page, row.locator("td.collect a"))
+            for learner in LEARNERS:
+                assert (teacher.home / "grading" / "submitted" / learner / "ddp_lab" / "fashion_mnist.py").is_file()
+        scores = {}
+        for learner in LEARNERS:
+            with teacher.steps.step(f"instructor-autogrades-{learner}"):
+                page = teacher.page
+                page.goto(f"{hub.url}/user/{TEACHER}/formgrader/manage_submissions/ddp_lab")
+                student = page.locator("tr", has=page.locator("td.student-id", has_text=learner))
+                formgrader_action(page, student.locator("td.autograde a"), timeout=600)
+                score = student.locator("td.score")
+                wait_for_text(score, r"\d+(\.\d+)? / \d+", 60)
+                scores[learner] = str(score.text_content()).strip()
+        assert scores[ADA].startswith("1") and scores[GRACE].startswith("0"), scores
+        with teacher.steps.step("instructor-generates-and-releases-feedback"):
+            row = formgrader_row(teacher.page, hub)
+            formgrader_action(teacher.page, row.locator("td.generate-feedback a"))
+            formgrader_action(teacher.page, row.locator("td.release-feedback a"))
+
+        for learner in (ada, grace):
+            with learner.steps.step("learner-fetches-their-feedback"):
+                tab(learner.page, "Assignments")
+                panel = learner.assignments()
+                submitted = panel.locator("#submitted_assignments_list .list_item", has_text="ddp_lab").first
+                submitted.locator("button", has_text="Fetch Feedback").click()
+                feedback = learner.home / "ddp_lab" / "feedback"
+                deadline = time.monotonic() + 60
+                while not list(feedback.rglob("*.html")):
+                    assert time.monotonic() < deadline, f"no feedback in {feedback}"
+                    time.sleep(0.5)
+                html = "".join(p.read_text() for p in feedback.rglob("03_steps_0_to_2.html"))
+                assert re.search(r"Step 0\W+pass", html, flags=re.IGNORECASE) if learner.user == ADA else \
+                    "Step 0" in html and "hint" in html.lower(), html[-2000:]
+                learner.page.goto(f"{hub.url}/user/{learner.user}/files/" +
+                                  str(next(feedback.rglob("03_steps_0_to_2.html")).relative_to(learner.home)))
+                learner.page.get_by_text("Steps 0-2").first.wait_for()
+            with learner.steps.step("learner-cannot-see-the-others-work"):
+                other = GRACE if learner.user == ADA else ADA
+                for path in (pwd.getpwnam(other).pw_dir, f"{pwd.getpwnam(TEACHER).pw_dir}/grading/gradebook.db",
+                             f"{hub.exchange}/ddp-lab/inbound"):
+                    done = as_user(learner.user, "ls", path)
+                    assert done.returncode != 0 and "Permission denied" in done.stderr, (path, done)

@@ -19,6 +19,7 @@ and cgroups), Debian's Chromium and npm (JupyterHub's proxy); without them it sk
 """
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -157,6 +158,12 @@ class ClassHub:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", MARK, user], check=True)
         subprocess.run(["chpasswd"], input="".join(f"{u}:{p}\n" for u, p in self.passwords.items()), text=True,
                        check=True)
+        for user in self.passwords:  # xterm.js mirrors a terminal's text in the page only in screen-reader mode
+            home = Path(pwd.getpwnam(user).pw_dir)
+            settings_file = home / ".jupyter/lab/user-settings/@jupyterlab/terminal-extension/plugin.jupyterlab-settings"
+            settings_file.parent.mkdir(parents=True)
+            settings_file.write_text(json.dumps({"screenReaderMode": True}))
+            subprocess.run(["chown", "-R", f"{user}:{user}", str(home / ".jupyter")], check=True)
 
     def open_course(self) -> None:
         """Let class members reach the course and its Python (here /root is on the way to pyenv's Python)."""
@@ -295,7 +302,15 @@ class Member:
             self.page.fill("#username_input", self.user)
             self.page.fill("#password_input", self.hub.passwords[self.user])
             self.page.click("#login_submit")
-            self.page.locator(".jp-FileBrowser .jp-DirListing-item").first.wait_for(timeout=HUB_TIMEOUT * 1000)
+            self.wait_for_lab()
+
+    def wait_for_lab(self) -> None:
+        """Until JupyterLab shows the home folder; AssertionError with the hub's message if the spawn failed."""
+        lab = self.page.locator(".jp-FileBrowser .jp-DirListing-item").first
+        failed = self.page.locator("div.error, .progress-bar-danger").first
+        lab.or_(failed).wait_for(timeout=HUB_TIMEOUT * 1000)
+        assert not failed.is_visible(), \
+            f"{self.user}'s server did not start: {failed.text_content()}\nthe hub's log:\n{self.hub.log_tail()}"
 
     def assignments(self) -> Any:
         """The Assignments tab (nbgrader's assignment list), opened from the Nbgrader menu, refreshed."""
@@ -463,3 +478,92 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
                              f"{hub.exchange}/ddp-lab/inbound"):
                     done = as_user(learner.user, "ls", path)
                     assert done.returncode != 0 and "Permission denied" in done.stderr, (path, done)
+
+
+RUNAWAY = """\
+# A training run that leaks: every step's activations stay referenced, so memory only grows.
+import torch
+
+kept = []
+for step in range(100_000):
+    kept.append(torch.ones(16 * 2**20))  # 64 MB a step
+    print(f"step {step}: {64 * len(kept)} MB held", flush=True)
+"""
+
+
+def test_a_runaway_training_ends_at_its_learners_limit_and_the_other_learner_goes_on(hub: ClassHub) -> None:
+    (Path(pwd.getpwnam(ADA).pw_dir) / "runaway.py").write_text(RUNAWAY)
+    shutil.chown(Path(pwd.getpwnam(ADA).pw_dir) / "runaway.py", ADA, ADA)
+    with members(hub, hub.log_path.parent, ADA, GRACE) as (ada, grace):
+        ada.log_in()
+        grace.log_in()
+        ada_cgroup, grace_cgroup = _cgroup_of(ADA), _cgroup_of(GRACE)
+        assert ada_cgroup and grace_cgroup, "no cgroup for the learners: are cgroups writable here?"
+        before = ada_cgroup.oom_kills(), grace_cgroup.oom_kills()
+        with ada.steps.step("a-runaway-training-is-killed-at-the-memory-limit"):
+            screen = ada.terminal("python ~/runaway.py; echo runaway ended with status $?", r"ended with status \d+")
+            assert "ended with status 137" in screen, screen  # SIGKILL, from the OOM killer
+            assert re.search(r"step \d+: \d+ MB held", screen), screen
+        with grace.steps.step("the-other-learners-check-runs-meanwhile"):
+            screen = grace.terminal("cd ~/ddp-lab-course && python -m autograde check --step 0", r"Step 0\s+FAIL")
+            assert "Killed" not in screen, screen
+        assert ada_cgroup.oom_kills() > before[0], "the kernel did not kill in ada's cgroup"
+        assert grace_cgroup.oom_kills() == before[1], "grace's processes were killed too"
+        # the terminal printed the status after the kill, and the server is still there: only the training died
+        assert any("jupyterhub-singleuser" in line for line in _processes_of(ADA)), _processes_of(ADA)
+        controller = ada_cgroup.folders[0].parent.parent  # <controller>/ddp-lab/<user>: its top
+        done = as_user(ADA, "sh", "-c", f"echo $$ > {controller / 'cgroup.procs'}")
+        assert done.returncode != 0, "a learner could move out of their cgroup"
+
+
+def test_a_server_that_died_is_started_again_from_the_hub_with_the_work_kept(hub: ClassHub) -> None:
+    home = Path(pwd.getpwnam(ADA).pw_dir)
+    with members(hub, hub.log_path.parent, ADA) as (ada,):
+        ada.log_in()
+        work = home / "ddp-lab-course" / "my_notes.md"
+        assert as_user(ADA, "sh", "-c", f"echo 'what I found out' > {work}").returncode == 0
+        with ada.steps.step("the-server-dies"):
+            servers = [int(line.split()[0]) for line in _processes_of(ADA) if "jupyterhub-singleuser" in line]
+            assert servers, _processes_of(ADA)
+            for pid in servers:
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:  # the hub polls each server every 10 s (Spawner.poll_interval)
+                ada.page.goto(f"{hub.url}/hub/home")
+                if ada.page.locator("#stop").count() == 0:
+                    break
+                assert time.monotonic() < deadline, "the hub did not notice the server died"
+                time.sleep(2)
+        with ada.steps.step("started-again-from-the-hub"):
+            ada.page.locator("#start").click()
+            ada.wait_for_lab()
+            open_in_file_browser(ada.page, "ddp-lab-course", "my_notes.md")
+            wait_for_text(ada.page.locator(".jp-FileEditor:visible, .jp-RenderedMarkdown:visible"),
+                          "what I found out", 60)
+        assert work.read_text() == "what I found out\n"
+
+
+def test_with_the_slurm_spawner_each_server_is_a_job_and_checks_run_in_it(hub: ClassHub, slurm: Slurm) -> None:
+    conf = slurm.env.get("SLURM_CONF", "")
+    hub.stop()
+    hub.start("slurm", conf)
+    env = {**os.environ, **slurm.env}
+    with members(hub, hub.log_path.parent, ADA) as (ada,):
+        ada.log_in()
+        with ada.steps.step("slurm-the-server-is-a-job"):
+            queue = subprocess.run(["squeue", "-h", "-u", ADA, "-o", "%j %T %N"], capture_output=True, text=True,
+                                   env=env, timeout=30).stdout
+            assert re.search(rf"ddp-lab-{ADA} RUNNING n\d", queue), queue
+        with ada.steps.step("slurm-a-check-runs-in-the-job"):
+            screen = ada.terminal("echo job $SLURM_JOB_ID on $(hostname) with GPUs $CUDA_VISIBLE_DEVICES.; "
+                                  "cd ~/ddp-lab-course && python -m autograde check --step 0", r"Step 0\s+(pass|FAIL)")
+            assert re.search(r"job \d+ on n\d with GPUs 0\.", screen), screen  # the job's one GPU (gres)
+        with ada.steps.step("slurm-stopping-the-server-ends-the-job"):
+            ada.page.goto(f"{hub.url}/hub/home")
+            ada.page.locator("#stop").click()
+            ada.page.locator("#stop").wait_for(state="hidden", timeout=120_000)
+            deadline = time.monotonic() + 60
+            while subprocess.run(["squeue", "-h", "-u", ADA], capture_output=True, text=True, env=env,
+                                 timeout=30).stdout.strip():
+                assert time.monotonic() < deadline, "the job outlived its server"
+                time.sleep(1)

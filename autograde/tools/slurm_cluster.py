@@ -13,7 +13,7 @@ name is `ctl`, and node k in one whose host name is `nk`, at the address 127.0.0
 its own, so that srun's tasks see their node's name and SLURM_* variables as on a real cluster; the
 names resolve through lines this adds to /etc/hosts (and removes again). `up` waits until `sinfo`
 shows every node idle; `down` cancels every job, waits for them to end, then stops each daemon it
-started, by pid. Each node declares 32 CPUs and 4 GPUs (gres, whose "devices" are empty files), so
+started, by pid. Each node declares 32 CPUs, 64 GB and 4 GPUs (gres, whose "devices" are empty files), so
 that the course's batch scripts run as written; the tasks use this machine's CPUs. What it cannot
 show: real networks, real GPUs, accounting (sacct needs slurmdbd and a database) and cgroup limits.
 
@@ -46,6 +46,7 @@ COMMANDS = ("slurmctld", "slurmd", "sinfo", "srun", "sbatch", "scancel", "squeue
 DEFAULT_FOLDER = Path(tempfile.gettempdir()) / "ddp-lab-slurm"
 HOSTS = Path("/etc/hosts")
 UP_SECONDS, DOWN_SECONDS = 60.0, 30.0
+MEMORY_MB = 64_000  # each node's declared memory, for jobs that ask for some (--mem); not enforced (CR_Core)
 
 
 class ClusterError(RuntimeError):
@@ -101,7 +102,8 @@ def _conf(folder: Path, nodes: list[str], cpus: int, gpus: int) -> str:
         "SlurmdTimeout=30", "Waittime=0", "GresTypes=gpu", "SlurmdParameters=config_overrides",
     ]
     for k, (name, port) in enumerate(zip(nodes, node_ports)):
-        lines.append(f"NodeName={name} NodeAddr=127.0.0.{k + 1} Port={port} CPUs={cpus} Gres=gpu:{gpus} State=UNKNOWN")
+        lines.append(f"NodeName={name} NodeAddr=127.0.0.{k + 1} Port={port} CPUs={cpus} RealMemory={MEMORY_MB} "
+                     f"Gres=gpu:{gpus} State=UNKNOWN")
     lines.append(f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
@@ -150,7 +152,9 @@ def up(folder: Path = DEFAULT_FOLDER, nodes: int = 2, cpus: int = 32, gpus: int 
     shutil.rmtree(folder, ignore_errors=True)
     for sub in ("munge", "state", "spool", "log", "run"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    (folder / "munge").chmod(0o700)
+    # every user may reach munge's socket (a class's learners submit jobs: make hub's SLURM spawner);
+    # the key in it stays root's alone (0400)
+    (folder / "munge").chmod(0o711)
     cluster = Cluster(folder, [f"n{k + 1}" for k in range(nodes)])
     try:
         key = folder / "munge" / "munge.key"

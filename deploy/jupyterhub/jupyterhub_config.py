@@ -5,6 +5,7 @@ Everything a class changes is in its settings file, deploy/jupyterhub/class.toml
 JupyterHub's configuration. The hub runs as root, from the course's environment: it logs class
 members in with their Unix password (PAM) and starts each one's server as that user.
 """
+import os
 import sys
 
 from autograde.course.hub import settings as class_settings
@@ -18,6 +19,8 @@ try:
 except class_settings.SettingsError as err:
     sys.exit(f"error: {err}")
 s.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+if s.slurm_conf:  # the hub's own squeue and scancel talk to the same SLURM as the jobs it submits
+    os.environ["SLURM_CONF"] = s.slurm_conf
 
 c.JupyterHub.ip = s.ip
 c.JupyterHub.port = s.port

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -140,7 +141,7 @@ class SlurmClassSpawner(SlurmSpawner):  # type: ignore[misc]
 
     @default("exec_prefix")
     def _exec_prefix(self) -> str:
-        return "runuser -u {username} --"
+        return f"{shutil.which('runuser') or '/usr/sbin/runuser'} -u {{username}} --"
 
     @default("batch_script")
     def _batch_script(self) -> str:

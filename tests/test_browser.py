@@ -79,6 +79,18 @@ def copy_course(dest: Path) -> Path:
     return dest
 
 
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """GET `url`: the status and the body; status 0 when nothing answers."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
 class Lab:
     """`make lab` in a copy of the course, on a loopback port with a token, in a process group of its own."""
 
@@ -142,14 +154,7 @@ class Lab:
             time.sleep(0.5)
 
     def get(self, path: str) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.url + path, headers={"Authorization": f"token {self.token}"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                return answer.status, answer.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-        except OSError:
-            return 0, b""
+        return http_get(self.url + path, {"Authorization": f"token {self.token}"})
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]

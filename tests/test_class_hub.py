@@ -41,7 +41,8 @@ from autograde import data, processes
 from autograde.course.hub import limits, settings
 from conftest import ROOT, Slurm
 from test_browser import (CHROMIUM_FLAGS, VENV, VIEWPORT, Steps, cell, chromium, http_get,  # noqa: F401
-                          kernel_ready, make_env, menu_command, open_in_file_browser, run_cell, tab, wait_for_text)
+                          kernel_ready, make_env, menu_command, menu_items, open_in_file_browser, run_cell, tab,
+                          wait_for_text)
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.launch]
 
@@ -401,6 +402,8 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
         teacher.log_in()
         with teacher.steps.step("instructor-sees-the-formgrader-and-the-course"):
             assert (teacher.home / "grading" / "source" / "ddp_lab" / "fashion_mnist.py").is_file()
+            tools = menu_items(teacher.page, "Nbgrader", teacher.steps)
+            assert all(t in tools for t in ("Formgrader", "Course List", "Create assignment", "Assignment List")), tools
             row = formgrader_row(teacher.page, hub)
             row.wait_for()
         with teacher.steps.step("instructor-generates-and-releases-the-lab"):
@@ -414,6 +417,8 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
                 assert (learner.home / "ddp-lab-course" / "fashion_mnist.py").is_file()  # the first login's copy
                 assert stat.S_IMODE(learner.home.stat().st_mode) == 0o700
                 assert hub.get(f"/user/{learner.user}/formgrader")[0] != 200
+                tools = menu_items(learner.page, "Nbgrader", learner.steps)
+                assert "Assignment List" in tools and "Formgrader" not in tools and "Course List" not in tools, tools
             with learner.steps.step("learner-fetches-the-lab"):
                 panel = learner.assignments()
                 panel.locator("#released_assignments_list .list_item", has_text="ddp_lab").locator(

@@ -163,7 +163,8 @@ class ClassHub:
                        check=True)
         for user in self.passwords:  # xterm.js mirrors a terminal's text in the page only in screen-reader mode
             home = Path(pwd.getpwnam(user).pw_dir)
-            settings_file = home / ".jupyter/lab/user-settings/@jupyterlab/terminal-extension/plugin.jupyterlab-settings"
+            settings_file = home / ".jupyter/lab/user-settings/@jupyterlab/terminal-extension"
+            settings_file = settings_file / "plugin.jupyterlab-settings"
             settings_file.parent.mkdir(parents=True)
             settings_file.write_text(json.dumps({"screenReaderMode": True}))
             subprocess.run(["chown", "-R", f"{user}:{user}", str(home / ".jupyter")], check=True)

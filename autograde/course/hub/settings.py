@@ -150,8 +150,9 @@ def check_open_to_class(*needed: Path) -> None:
     for path in needed:
         closed = closed_folders(path)
         if closed:
-            raise SettingsError(f"class members cannot reach {os.path.realpath(path)}: {closed[0]} is closed to other "
-                                f"users (chmod o+x {closed[0]}, or install the course and its Python where all can read)")
+            raise SettingsError(f"class members cannot reach {os.path.realpath(path)}: {closed[0]} is closed to "
+                                f"other users (chmod o+x {closed[0]}, or install the course and its Python where "
+                                "all can read)")
 
 
 def _check(s: ClassSettings) -> None:

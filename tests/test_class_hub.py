@@ -7,8 +7,9 @@ and cgroups), an exchange and a small stand-in of the data in a fresh folder. Ea
 logs in through the hub's login page in a browser context of their own (Playwright, Debian's
 Chromium), and works as they would: the instructor releases the lab from the formgrader, each
 learner fetches it from the Assignments tab, edits fashion_mnist.py in the editor, runs a check in
-a notebook and submits; the instructor collects, autogrades, makes and releases the feedback;
-each learner fetches their own. Then what keeps learners apart: homes and the gradebook are
+a notebook and submits; the instructor collects in the formgrader, autogrades the class from a
+terminal (the course's `python -m autograde.course grade`), sees the scores in the formgrader and
+makes and releases the feedback there; each learner fetches their own. Then what keeps learners apart: homes and the gradebook are
 closed to them, a runaway training ends at its learner's memory limit while the other learner's
 check runs, a dead server is started again from the hub with the learner's work in place; and a
 login and a check with the SLURM spawner, each server a job on the course's SLURM cluster.
@@ -324,6 +325,9 @@ class Member:
 
     def terminal(self, command: str, expect: str, timeout: float = 240) -> str:
         """Type `command` into a new terminal; its screen once `expect` shows."""
+        if "/lab" not in self.page.url:  # back from the formgrader's pages
+            self.page.goto(f"{self.hub.url}/user/{self.user}/lab")
+            self.wait_for_lab()
         menu_command(self.page, "File", "New", "Terminal")
         screen = self.page.locator(".jp-Terminal:visible .xterm-accessibility-tree")
         wait_for_text(screen, r"[#$]\s*$", 60)
@@ -446,17 +450,17 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
             formgrader_action(teacher.page, row.locator("td.collect a"))
             for name in LEARNERS:
                 assert (teacher.home / "grading" / "submitted" / name / "ddp_lab" / "fashion_mnist.py").is_file()
-        scores: dict[str, str] = {}
-        for name in LEARNERS:
-            with teacher.steps.step(f"instructor-autogrades-{name}"):
-                page = teacher.page
-                page.goto(f"{hub.url}/user/{TEACHER}/formgrader/manage_submissions/ddp_lab")
+        with teacher.steps.step("instructor-autogrades-the-class-in-a-terminal"):
+            # the course's grading command, every learner at once and only the graded notebooks (the formgrader's
+            # Autograde button grades one learner at a time and runs every notebook of the part: twice as long)
+            screen = teacher.terminal("python -m autograde.course grade", r"grades: \S+grades\.csv", timeout=600)
+            assert re.search(rf"{ADA} +1/20 .* 1 2 3", screen) and re.search(rf"{GRACE} +0/20 .* 0 1 2", screen), screen
+        with teacher.steps.step("instructor-sees-the-scores-in-the-formgrader"):
+            page = teacher.page
+            page.goto(f"{hub.url}/user/{TEACHER}/formgrader/manage_submissions/ddp_lab")
+            for name, score in ((ADA, "1 / 20"), (GRACE, "0 / 20")):
                 student = page.locator("tr", has=page.locator("td.student-id", has_text=name))
-                formgrader_action(page, student.locator("td.autograde a"), timeout=600)
-                score = student.locator("td.score")
-                wait_for_text(score, r"\d+(\.\d+)? / \d+", 60)
-                scores[name] = str(score.text_content()).strip()
-        assert scores[ADA].startswith("1") and scores[GRACE].startswith("0"), scores
+                wait_for_text(student.locator("td.score"), score, 60)
         with teacher.steps.step("instructor-generates-and-releases-feedback"):
             row = formgrader_row(teacher.page, hub)
             formgrader_action(teacher.page, row.locator("td.generate-feedback a"))

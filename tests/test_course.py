@@ -15,11 +15,10 @@ import pytest
 
 from autograde import processes, registry
 from autograde.course import assignment, cli, grading, nbgrader_run
-from conftest import ROOT, snapshot
+from conftest import ROOT
 
 LAB = registry.PART[registry.LAB]
 POINTS = {item.id: item.points for item in registry.ITEMS if item.graded and item.part == LAB.id}  # the lab's
-STUDENT, SCRIPT = "through_step_5", snapshot(5)
 
 
 def make(target: str, course_dir: Path, timeout: float, *variables: str) -> processes.Result:
@@ -31,13 +30,10 @@ def make(target: str, course_dir: Path, timeout: float, *variables: str) -> proc
 
 @pytest.fixture(scope="module")
 def course_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A course released from the committed notebooks, one submission copied in and graded."""
+    """A course released from the committed notebooks (grading a submission is tests/test_exchange.py's,
+    and each later part's below)."""
     root = tmp_path_factory.mktemp("course")
     make("release", root, timeout=300)
-    folder = root / "submitted" / STUDENT / registry.LAB
-    shutil.copytree(root / "release" / registry.LAB, folder)
-    shutil.copy(SCRIPT, folder / "fashion_mnist.py")
-    make("grade", root, timeout=1800)
     return root
 
 
@@ -89,18 +85,6 @@ def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
     released = course_dir / "release" / registry.LAB
     assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob(LAB.notebooks))
     assert not (released / "solutions").exists()
-
-
-@pytest.mark.launch
-def test_a_submission_copied_in_gets_the_points_of_its_steps(course_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DDP_LAB_COURSE_DIR", str(course_dir))
-    assert grading.grades(course_dir / "grades.csv") == {STUDENT: sum(POINTS[s] for s in ("0", "1", "2", "3", "4", "5"))}
-    (outcome,) = grading.outcomes()
-    assert outcome.lost == ["6", "6.5", "7", "8", "9", "10"]
-    graded = course_dir / "autograded" / STUDENT / registry.LAB / "fashion_mnist.py"
-    assert graded.read_text() == SCRIPT.read_text(), "the learner's script was replaced"
-    feedback = list((course_dir / "feedback" / STUDENT / registry.LAB).glob("*.html"))
-    assert len(feedback) == len(LAB.graded_notebooks)
 
 
 @pytest.mark.launch

@@ -3,8 +3,8 @@ gives: `make release`, `make release-exchange`, two learners who fetch, work and
 submit with nbgrader's own command line, `make collect`, `make grade`, `make return-feedback`, and
 the learners fetching their feedback. Alice hands in the finished solution, Bob a script done
 through Step 5: 20 and 8 of 20 points, read back from the export and from the feedback they
-fetched. (tests/test_course.py grades the same script copied straight into submitted/, so that
-Bob's runs are verdicts kept from there: the checks run each script and layout once.)
+fetched. (tests/test_course.py grades each later part from submissions copied straight into
+submitted/, the way without an exchange.)
 
 The exchange is a temporary folder (`EXCHANGE=...`, nbgrader's Exchange.root). Both learners are
 the same OS user here, and nbgrader names a submission after the OS login (its get_username reads
@@ -153,6 +153,9 @@ def test_learners_are_graded_at_once_each_with_their_own_runs(graded: Course) ->
     learner's grading says how long it took."""
     at_once = min(2, os.cpu_count() or 1)
     assert f"autograding 2 submission(s), {at_once} at a time" in graded.grade_log
+    for name, script in LEARNERS.items():  # nbgrader put back no starter over the learner's own file
+        autograded = graded.root / "autograded" / name / registry.LAB / "fashion_mnist.py"
+        assert autograded.read_text() == script.read_text(), f"{name}'s script was replaced"
 
 
 def test_grade_leaves_known_harmless_warnings_out(graded: Course) -> None:

@@ -153,6 +153,7 @@ class ClassHub:
         self.log_path = artifacts / "jupyterhub.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.opened: list[tuple[Path, int]] = []  # folders this test opened to other users, with their modes
+        self.chromium = Path("/usr/bin/chromium")
 
     def add_users(self) -> None:
         for user in self.passwords:
@@ -268,6 +269,7 @@ def hub(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
     artifacts.mkdir(parents=True)
     print(f"\nthe class on JupyterHub: screenshots and the hub's log in {artifacts}")
     the_hub = ClassHub(artifacts)
+    the_hub.chromium = chromium
     try:
         the_hub.add_users()
         the_hub.open_course()
@@ -321,6 +323,8 @@ class Member:
         menu_command(self.page, "Nbgrader", "Assignment List")
         panel = self.page.locator(".lm-DockPanel-widget:visible", has=self.page.locator("#released_assignments_list"))
         panel.locator("#refresh_assignments_list").click()
+        for listing in ("released", "fetched", "submitted"):  # each list says "Loading" until it has been redrawn
+            panel.locator(f"#{listing}_assignments_list_loading").wait_for(state="hidden")
         return panel
 
     def terminal(self, command: str, expect: str, timeout: float = 240) -> str:
@@ -340,18 +344,23 @@ class Member:
 
 
 @contextmanager
-def members(hub: ClassHub, artifacts: Path, *users: str) -> Iterator[list[Member]]:
+def members(hub: ClassHub, capsys: pytest.CaptureFixture[str], *users: str) -> Iterator[list[Member]]:
+    """The users logged in to nothing yet, each in a context of their own; each one's step times are printed
+    (and added to steps.txt beside their screenshots) at the end."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(shutil.which("chromium") or "/usr/bin/chromium"),
-                                             headless=True, args=CHROMIUM_FLAGS)
-        people = [Member(browser, hub, user, artifacts) for user in users]
+        browser = playwright.chromium.launch(executable_path=str(hub.chromium), headless=True, args=CHROMIUM_FLAGS)
+        people = [Member(browser, hub, user, hub.log_path.parent) for user in users]
         try:
             yield people
         finally:
             for person in people:
-                print(f"{person.user}'s steps (screenshots in {person.steps.folder}):\n{person.steps.report()}")
+                report = person.steps.report()
+                with open(person.steps.folder / "steps.txt", "a") as times:
+                    times.write(report + "\n")
+                with capsys.disabled():
+                    print(f"\n{person.user}'s steps (screenshots in {person.steps.folder}):\n{report}")
             browser.close()
 
 
@@ -401,9 +410,9 @@ def check_step_0(member: Member) -> str:
     return run_cell(page, cell(page, "autograde.assert_step(0)"))
 
 
-def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHub, tmp_path: Path) -> None:
-    artifacts = hub.log_path.parent
-    with members(hub, artifacts, TEACHER, ADA, GRACE) as (teacher, ada, grace):
+def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHub,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with members(hub, capsys, TEACHER, ADA, GRACE) as (teacher, ada, grace):
         teacher.log_in()
         with teacher.steps.step("instructor-sees-the-formgrader-and-the-course"):
             assert (teacher.home / "grading" / "source" / "ddp_lab" / "fashion_mnist.py").is_file()
@@ -469,14 +478,19 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
         for learner in (ada, grace):
             with learner.steps.step("learner-fetches-their-feedback"):
                 tab(learner.page, "Assignments")
-                panel = learner.assignments()
-                submitted = panel.locator("#submitted_assignments_list .list_item", has_text="ddp_lab").first
-                submitted.locator("button", has_text="Fetch Feedback").click()
                 feedback = learner.home / "ddp_lab" / "feedback"
-                deadline = time.monotonic() + 60
-                while not list(feedback.rglob("*.html")):
+                deadline = time.monotonic() + 90
+                while not list(feedback.rglob("*.html")):  # the button is live once the list shows the release
                     assert time.monotonic() < deadline, f"no feedback in {feedback}"
-                    time.sleep(0.5)
+                    panel = learner.assignments()
+                    button = panel.locator("#submitted_assignments_list .list_item", has_text="ddp_lab").first.locator(
+                        "button", has_text="Fetch Feedback")
+                    if button.is_enabled():
+                        button.click()
+                    for _ in range(20):
+                        if list(feedback.rglob("*.html")):
+                            break
+                        time.sleep(0.5)
                 html = "".join(p.read_text() for p in feedback.rglob("03_steps_0_to_2.html"))
                 assert re.search(r"Step 0\W+pass", html, flags=re.IGNORECASE) if learner.user == ADA else \
                     "Step 0" in html and "hint" in html.lower(), html[-2000:]
@@ -502,10 +516,11 @@ for step in range(100_000):
 """
 
 
-def test_a_runaway_training_ends_at_its_learners_limit_and_the_other_learner_goes_on(hub: ClassHub) -> None:
+def test_a_runaway_training_ends_at_its_learners_limit_and_the_other_learner_goes_on(
+        hub: ClassHub, capsys: pytest.CaptureFixture[str]) -> None:
     (Path(pwd.getpwnam(ADA).pw_dir) / "runaway.py").write_text(RUNAWAY)
     shutil.chown(Path(pwd.getpwnam(ADA).pw_dir) / "runaway.py", ADA, ADA)
-    with members(hub, hub.log_path.parent, ADA, GRACE) as (ada, grace):
+    with members(hub, capsys, ADA, GRACE) as (ada, grace):
         ada.log_in()
         grace.log_in()
         ada_cgroup, grace_cgroup = _cgroup_of(ADA), _cgroup_of(GRACE)
@@ -527,9 +542,10 @@ def test_a_runaway_training_ends_at_its_learners_limit_and_the_other_learner_goe
         assert done.returncode != 0, "a learner could move out of their cgroup"
 
 
-def test_a_server_that_died_is_started_again_from_the_hub_with_the_work_kept(hub: ClassHub) -> None:
+def test_a_server_that_died_is_started_again_from_the_hub_with_the_work_kept(
+        hub: ClassHub, capsys: pytest.CaptureFixture[str]) -> None:
     home = Path(pwd.getpwnam(ADA).pw_dir)
-    with members(hub, hub.log_path.parent, ADA) as (ada,):
+    with members(hub, capsys, ADA) as (ada,):
         ada.log_in()
         work = home / "ddp-lab-course" / "my_notes.md"
         assert as_user(ADA, "sh", "-c", f"echo 'what I found out' > {work}").returncode == 0
@@ -554,12 +570,13 @@ def test_a_server_that_died_is_started_again_from_the_hub_with_the_work_kept(hub
         assert work.read_text() == "what I found out\n"
 
 
-def test_with_the_slurm_spawner_each_server_is_a_job_and_checks_run_in_it(hub: ClassHub, slurm: Slurm) -> None:
+def test_with_the_slurm_spawner_each_server_is_a_job_and_checks_run_in_it(
+        hub: ClassHub, slurm: Slurm, capsys: pytest.CaptureFixture[str]) -> None:
     conf = slurm.env.get("SLURM_CONF", "")
     hub.stop()
     hub.start("slurm", conf)
     env = {**os.environ, **slurm.env}
-    with members(hub, hub.log_path.parent, ADA) as (ada,):
+    with members(hub, capsys, ADA) as (ada,):
         ada.log_in()
         with ada.steps.step("slurm-the-server-is-a-job"):
             queue = subprocess.run(["squeue", "-h", "-u", ADA, "-o", "%j %T %N %b"], capture_output=True, text=True,

@@ -14,8 +14,8 @@ closed to them, a runaway training ends at its learner's memory limit while the 
 check runs, a dead server is started again from the hub with the learner's work in place; and a
 login and a check with the SLURM spawner, each server a job on the course's SLURM cluster.
 
-Screenshots of each role's view go to $DDP_LAB_ARTIFACTS/<test>/<user>/ (default: the test's
-tmp_path/artifacts), with the hub's log; the test prints each step's time. Needs root (real users
+Screenshots of each role's view go to $DDP_LAB_ARTIFACTS/class_hub/<test>/<user>/ (default: a
+temporary folder), with the hub's log in class_hub/; the test prints each step's time. Needs root (real users
 and cgroups), Debian's Chromium and npm (JupyterHub's proxy); without them it skips and says why.
 """
 from __future__ import annotations
@@ -291,7 +291,8 @@ class Member:
         self.context = browser.new_context(viewport=VIEWPORT)
         self.page = self.context.new_page()
         self.page.set_default_timeout(120_000)
-        folder = artifacts / user
+        test = os.environ.get("PYTEST_CURRENT_TEST", "test").split("::")[-1].split(" ")[0]
+        folder = artifacts / test / user  # one folder per test and member: no test's screenshots replace another's
         folder.mkdir(parents=True, exist_ok=True)
         self.steps = Steps(self.page, folder)
 

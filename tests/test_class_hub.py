@@ -237,23 +237,13 @@ class ClassHub:
 
     def remove(self) -> None:
         for user in self.passwords:
-            cgroup = _cgroup_of(user)
+            cgroup = limits.find_cgroup(user)
             _remove_user(user)
             if cgroup:
                 limits.remove_cgroup(cgroup)
         for folder, mode in reversed(self.opened):
             folder.chmod(mode)
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _cgroup_of(user: str) -> limits.Cgroup | None:
-    version = limits.cgroup_version()
-    if version == 2:
-        folders = [limits.CGROUP_ROOT / limits.NAME / user]
-    else:
-        folders = [limits.CGROUP_ROOT / c / limits.NAME / user for c in ("memory", "cpu", "pids")]
-    folders = [f for f in folders if f.is_dir()]
-    return limits.Cgroup(folders) if folders else None
 
 
 @pytest.fixture(scope="module")
@@ -524,7 +514,7 @@ def test_a_runaway_training_ends_at_its_learners_limit_and_the_other_learner_goe
     with members(hub, capsys, ADA, GRACE) as (ada, grace):
         ada.log_in()
         grace.log_in()
-        ada_cgroup, grace_cgroup = _cgroup_of(ADA), _cgroup_of(GRACE)
+        ada_cgroup, grace_cgroup = limits.find_cgroup(ADA), limits.find_cgroup(GRACE)
         assert ada_cgroup and grace_cgroup, "no cgroup for the learners: are cgroups writable here?"
         before = ada_cgroup.oom_kills(), grace_cgroup.oom_kills()
         with ada.steps.step("a-runaway-training-is-killed-at-the-memory-limit"):

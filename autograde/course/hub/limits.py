@@ -24,6 +24,7 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
 NAME = "ddp-lab"
+V1_CONTROLLERS = ("memory", "cpu", "pids")
 
 
 def gpus_for(index: int, learners: int, gpus: int, per_learner: int = 0) -> list[int]:
@@ -70,22 +71,27 @@ class Cgroup:
                             return int(line.split()[1])
         return 0
 
-    def pids(self) -> list[int]:
-        found: set[int] = set()
-        for folder in self.folders:
-            procs = folder / "cgroup.procs"
-            if procs.is_file():
-                found |= {int(p) for p in procs.read_text().split()}
-        return sorted(found)
-
 
 def cgroup_version() -> int:
     """2 for the unified hierarchy, 1 for v1's memory/cpu/pids, 0 when neither can be written here."""
     if (CGROUP_ROOT / "cgroup.controllers").is_file():
         return 2 if os.access(CGROUP_ROOT, os.W_OK) else 0
-    if all(os.access(CGROUP_ROOT / c, os.W_OK) for c in ("memory", "cpu", "pids")):
+    if all(os.access(CGROUP_ROOT / c, os.W_OK) for c in V1_CONTROLLERS):
         return 1
     return 0
+
+
+def _folders(user: str, version: int) -> list[Path]:
+    """Where `user`'s cgroup lives: ddp-lab/<user> in the v2 hierarchy, or under each v1 controller."""
+    if version == 2:
+        return [CGROUP_ROOT / NAME / user]
+    return [CGROUP_ROOT / c / NAME / user for c in V1_CONTROLLERS]
+
+
+def find_cgroup(user: str) -> Cgroup | None:
+    """`user`'s cgroup as make_cgroup left it; None where there is none."""
+    folders = [f for f in _folders(user, cgroup_version()) if f.is_dir()]
+    return Cgroup(folders) if folders else None
 
 
 def make_cgroup(user: str, memory: int, cpus: float, processes: int) -> Cgroup | None:
@@ -97,7 +103,7 @@ def make_cgroup(user: str, memory: int, cpus: float, processes: int) -> Cgroup |
         parent.mkdir(exist_ok=True)
         for folder in (CGROUP_ROOT, parent):  # let the children use these controllers
             (folder / "cgroup.subtree_control").write_text("+memory +cpu +pids")
-        leaf = parent / user
+        (leaf,) = _folders(user, 2)
         leaf.mkdir(exist_ok=True)
         (leaf / "memory.max").write_text(str(memory))
         if (leaf / "memory.swap.max").exists():
@@ -106,7 +112,7 @@ def make_cgroup(user: str, memory: int, cpus: float, processes: int) -> Cgroup |
         (leaf / "pids.max").write_text(str(processes))
         return Cgroup([leaf])
     if version == 1:
-        folders = {c: CGROUP_ROOT / c / NAME / user for c in ("memory", "cpu", "pids")}
+        folders = dict(zip(V1_CONTROLLERS, _folders(user, 1)))
         for folder in folders.values():
             folder.mkdir(parents=True, exist_ok=True)
         (folders["memory"] / "memory.limit_in_bytes").write_text(str(memory))
@@ -124,9 +130,11 @@ def make_cgroup(user: str, memory: int, cpus: float, processes: int) -> Cgroup |
 
 
 def remove_cgroup(cgroup: Cgroup) -> None:
-    """Remove an emptied cgroup's folders (the kernel refuses while a process is in one)."""
+    """Remove an emptied cgroup's folders, and ddp-lab/ above them once no learner's is left (the kernel
+    refuses either while a process or a child group is in it)."""
     for folder in cgroup.folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            pass
+        for empty in (folder, folder.parent):
+            try:
+                empty.rmdir()
+            except OSError:
+                pass

@@ -58,6 +58,7 @@ def class_env(user: str) -> dict[str, str]:
     env = {
         "PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]),
         "DDP_LAB_ROLE": s.role(user),
+        "DDP_LAB_CLASS_COURSE": str(s.course),  # what start.py copies and builds the instructor's sources from
         "DDP_LAB_DATA_DIR": str(s.data_dir),
         "DDP_LAB_EXCHANGE": str(s.exchange),
         "JUPYTER_CONFIG_PATH": str(HUB_JUPYTER),

@@ -9,7 +9,8 @@ assignment built from the installed course (with its hidden tests, ready for the
 Generate and Release), and ~/nbgrader_config.py, which the formgrader reads and which loads the
 course's own nbgrader settings. Then it runs COMMAND (the single-user server) in its place.
 
-The spawner sets DDP_LAB_ROLE (learner or instructor) and, for an instructor, DDP_LAB_COURSE_DIR.
+The spawner sets DDP_LAB_ROLE (learner or instructor), DDP_LAB_CLASS_COURSE (the settings' `course`)
+and, for an instructor, DDP_LAB_COURSE_DIR.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def set_up_instructor(course: Path, home: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     command = list(sys.argv[1:] if argv is None else argv)
     home = Path.home()
-    course = paths.REPO
+    course = Path(os.environ.get("DDP_LAB_CLASS_COURSE") or paths.REPO)
     home.chmod(0o700)
     copied = copy_course(course, home)
     if copied:

@@ -33,7 +33,10 @@ COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch 
 WARM_SPAWN = "DDP_LAB_WARM_SPAWN"
 # Faults the checker injects into the first life of a torchrun group (autograde/checks/launching.py):
 KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
-TEAR_SAVE = "DDP_LAB_TEAR_SAVE"  # "<rank>:<n>": that rank's n-th torch.save writes half the file, then SIGKILL
+# "<rank>:<n>:<checkpoint>": that rank's first torch.save once n - 1 checkpoints are complete (written
+# straight into the file <checkpoint>, or renamed onto it) writes half its file, then SIGKILL: a kill during
+# the n-th checkpoint, however many files a checkpoint takes
+TEAR_SAVE = "DDP_LAB_TEAR_SAVE"
 SLOW_SAVE = "DDP_LAB_SLOW_SAVE"  # seconds every torch.save waits before writing: a window in which to be caught
 # Step by step (autograde/checks/scaling.py): a "step" event per optimizer step (its time, learning
 # rates and the images the model was given for it), and a run that ends itself after a number of steps.
@@ -106,8 +109,9 @@ def read_reports(folder: Path) -> list[dict[str, Any]]:
 # learner's code); the extra fields of init_process_group's are listed.
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
-    # all_reduce's: its tensor's size, async or not; any collective given a group: the group's size
-    "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size"),
+    # all_reduce's: its tensor's size, async or not; any collective given a group: the group's size;
+    # init_process_group's: the rank it was given (`rank`, else None) and RANK in the environment
+    "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size", "env_rank"),
     # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted
     "exit": ("call", "rank_joined", "world_size", "backend", "env_rank", "life"),
     "set_device": ("device",),
@@ -122,9 +126,13 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "sampler": ("sampler", "dataset", "num_replicas", "sampler_rank", "drop_last", "size"),
     "sampler_iter": ("sampler", "epoch", "indices"),
     "set_epoch": (),
-    "loader": ("loader", "dataset", "sampler", "sampler_type"),
+    # train: the loader's data set is Fashion-MNIST's training set (True), its validation set (False), or
+    # neither (None; absent from older recordings)
+    "loader": ("loader", "dataset", "sampler", "sampler_type", "train"),
     "loader_iter": ("loader", "validation"),
-    "loader_end": ("loader", "samples", "per_image"),
+    # a validation loader's: per_image, [loss, correct] of each image the model evaluated, and evaluated,
+    # each one's place in the loader's order (absent from older recordings: the first len(per_image))
+    "loader_end": ("loader", "samples", "per_image", "evaluated"),
     "first_optimizer_step": (),
     "ddp": ("device_ids", "parameter_device", "batchnorms", "sync_batchnorms"),
     "moved_after_wrap": (),
@@ -164,7 +172,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "save_enter": ("path",),
     "save_exit": ("path",),
     "load_enter": ("path", "map_location"),
-    "load_exit": ("path",),
+    "load_exit": ("path", "error"),  # error: what the load raised (a missing file, say), else absent
     "moved": ("src", "dst"),
     # with DDP_LAB_TRACE_STEPS=1, after each optimizer step: its number (1, 2, ...), each parameter
     # group's learning rate, and the images the DDP model was given in training mode since the last
@@ -193,6 +201,7 @@ class Setup:
     init: dict[str, Any] | None = None       # init_process_group's arguments, if the run got there
     spawn: dict[str, Any] | None = None      # mp.spawn's function name, nprocs and integer arguments
     spawned_error: str | None = None          # how the first spawned process failed before its process group
+    pid: int | None = None  # the process that ran the main code: its trace shows what it did first (a download, say)
 
 
 @dataclass

@@ -2,11 +2,15 @@
 
 The checker must accept every correct script, whatever its style: module-level arguments,
 the world size kept only by the process group or in the environment, a Trainer class, a
-worker with another name and signature, averaged metrics, drop_last, any epoch line. Each
+worker with another name and signature, averaged metrics, drop_last, any epoch line; the data
+downloaded once per node and then read by every process (the downloader too), built in a class, or
+built by the node's main process before it starts the others; validation cut to each rank's own
+share, totals gathered with all_gather, or reduced onto rank 0 that broadcasts its decision. Each
 style is first shown to be correct by running it for real, as a learner would (2 gloo
 processes, one small epoch; the printed numbers are recomputed here); then the checker
-must pass every step of it, in the default layout and in the graders' hidden layouts: launched
-here for one style, and for all of them on recorded runs (tests/test_checks_recorded.py).
+must pass every step of it, launched here for every style in the default layout and for one in
+the graders' hidden layouts, and for all of them in every layout on recorded runs
+(tests/test_checks_recorded.py).
 """
 from __future__ import annotations
 
@@ -62,6 +66,14 @@ EPOCH_LINES = {
                        rf"accuracy (?P<accuracy>{NUMBER})",
     "percent_line": rf"\[epoch (?P<epoch>\d+)/\d+\] \d\d:\d\d:\d\d elapsed \| (?P<epoch_time>{NUMBER})s \| "
                     rf"(?P<images_per_sec>{NUMBER}) img/s \| loss=(?P<loss>{NUMBER}) acc=(?P<accuracy>{NUMBER})%",
+    "download_then_all_read": rf"ep (?P<epoch>\d+) \| [\d.]+s in \| (?P<epoch_time>{NUMBER})s \| "
+                              rf"(?P<images_per_sec>{NUMBER}) im/s \| loss (?P<loss>{NUMBER}) \| acc (?P<accuracy>{NUMBER})",
+    "gather_totals_class": rf"epoch (?P<epoch>\d+) finished after [\d.]+ s; this epoch (?P<epoch_time>{NUMBER}) s at "
+                           rf"(?P<images_per_sec>{NUMBER}) images per second; validation (?P<loss>{NUMBER}) / "
+                           rf"(?P<accuracy>{NUMBER})",
+    "data_before_spawn": rf"Epoch (?P<epoch>\d+) :: wall +[\d.]+s :: train (?P<epoch_time>{NUMBER})s :: "
+                         rf"(?P<images_per_sec>{NUMBER}) images/s :: val loss (?P<loss>{NUMBER}) :: "
+                         rf"val acc (?P<accuracy>{NUMBER})",
 }
 PERCENT_ACCURACY = {"percent_line"}
 
@@ -90,7 +102,7 @@ def style_id(path: Path) -> str:
 
 
 def test_the_styles_are_learner_files() -> None:
-    assert len(STYLES) >= 8, [p.name for p in STYLES]
+    assert len(STYLES) >= 10, [p.name for p in STYLES]
     assert {p.stem for p in STYLES} == set(EPOCH_LINES), "every style needs its epoch line here, and only they"
     for path in STYLES:
         source = path.read_text()
@@ -110,20 +122,25 @@ def load_style(path: Path) -> ModuleType:
     return module
 
 
-def whole_set_metrics(path: Path, weights: dict[str, torch.Tensor], root: Path) -> tuple[float, float]:
-    """Loss and accuracy of `weights` (the style's own model) over the whole validation set, in one process."""
+def validation_metrics(path: Path, weights: dict[str, torch.Tensor], root: Path,
+                       world_size: int) -> dict[str, tuple[float, float]]:
+    """Loss and accuracy of `weights` (the style's own model), in one process: over the whole validation
+    set, each image once ("exact"), and over the shards of `world_size` DistributedSamplers, whose padding
+    repeats a few images ("padded": what ranks that each evaluate their whole shard add up to)."""
     model = load_style(path).WideResNet(widen_factor=1)
     model.load_state_dict(weights)
     model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
+    validation = FashionMNIST(str(root), train=False, transform=ToTensor())
+    losses, correct = [], []
     with torch.no_grad():
-        for images, labels in torch.utils.data.DataLoader(FashionMNIST(str(root), train=False, transform=ToTensor()),
-                                                          batch_size=100):
+        for images, labels in torch.utils.data.DataLoader(validation, batch_size=100):
             outputs = model(images)
-            loss_sum += F.cross_entropy(outputs, labels, reduction="sum").item()
-            correct += int((outputs.argmax(1) == labels).sum())
-            count += len(labels)
-    return loss_sum / count, correct / count
+            losses += F.cross_entropy(outputs, labels, reduction="none").tolist()
+            correct += (outputs.argmax(1) == labels).tolist()
+    padded = [i for r in range(world_size) for i in torch.utils.data.DistributedSampler(
+        validation, num_replicas=world_size, rank=r, shuffle=False)]
+    return {"exact": (sum(losses) / len(losses), sum(correct) / len(correct)),
+            "padded": (sum(losses[i] for i in padded) / len(padded), sum(correct[i] for i in padded) / len(padded))}
 
 
 def half_unit(printed: str) -> float:
@@ -166,12 +183,14 @@ def test_style_trains_for_real(path: Path, stand_in: Path, tmp_path: Path) -> No
     slack = 0.05 + half_unit(line["epoch_time"]) / epoch_time
     assert images_per_sec == pytest.approx(TRAIN_SIZE / epoch_time, rel=slack), line.group(0)
 
-    # The metrics of the whole validation set, each image counted once.
-    loss, accuracy = whole_set_metrics(path, rank0, stand_in)
+    # The metrics of the whole validation set, each image counted once (or, as Step 9 accepts, the
+    # average of the ranks' equal shards, the sampler's padding included).
     scale = 100.0 if path.stem in PERCENT_ACCURACY else 1.0
-    assert float(line["loss"]) == pytest.approx(loss, abs=half_unit(line["loss"]) + 2e-4), (line.group(0), loss)
-    assert float(line["accuracy"]) / scale == pytest.approx(
-        accuracy, abs=half_unit(line["accuracy"]) / scale + 1.5e-4), (line.group(0), accuracy)
+    printed = float(line["loss"]), float(line["accuracy"]) / scale
+    slack = half_unit(line["loss"]) + 2e-4, half_unit(line["accuracy"]) / scale + 1.5e-4
+    truths = validation_metrics(path, rank0, stand_in, world_size=2)
+    assert any(abs(printed[0] - loss) <= slack[0] and abs(printed[1] - accuracy) <= slack[1]
+               for loss, accuracy in truths.values()), (line.group(0), truths)
 
 
 def failures(results: list[Result]) -> list[str]:
@@ -182,13 +201,15 @@ def failures(results: list[Result]) -> list[str]:
 
 
 # The checker's verdicts on every style, in every layout, are replayed from recordings in
-# tests/test_checks_recorded.py; launched for real here on one style, whose layouts differ most
-# from the course's (a Trainer class, its own names).
+# tests/test_checks_recorded.py, in seconds. A replay shows what a change to the checks does, not a
+# change to how the learner's processes start or what they trace: so every style is also checked here,
+# launched for real, in the default layout; the graders' hidden layouts on one style, whose layouts
+# differ most from the course's (a Trainer class, its own names).
 LAUNCHED = [STYLES_DIR / "trainer_class.py"]
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("path", LAUNCHED, ids=style_id)
+@pytest.mark.parametrize("path", STYLES, ids=style_id)
 def test_checker_passes_every_step(path: Path) -> None:
     results = api.check_steps(None, path, quiet=True)
     assert [r.step for r in results] == registry.LAB_STEPS

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autograde.checker import output
-from autograde.protocol import Child, ProcessTrace, Setup, Workers, where
+from autograde.protocol import Child, Event, ProcessTrace, Setup, Workers, where
 from autograde.checker.runs import Run, Workspace
 from autograde.checker.verdicts import Failed, evidence, require, run_ok
 
@@ -232,24 +232,32 @@ def _run_ok_until(run: Run, call: str) -> None:
 
 def check_5(ws: Workspace) -> str:
     """On each node one process downloads; the others build their data sets only after a
-    barrier that the downloader reaches once its download is done."""
+    barrier that the downloader reaches once its download is done. What anyone builds after
+    that (the downloader may build its sets again, without download) reads complete files."""
     by_node: dict[int, list[tuple[Child, ProcessTrace]]] = {}
     for child, trace in _by_child(ws):
         by_node.setdefault(child.node, []).append((child, trace))
+    setups = Workers.from_json(ws.workers.report or {}).setups
+    before = 0
     for node, members in sorted(by_node.items()):
         for child, trace in members:
             errors = trace.named("dataset_error")
             require(not errors, f"node {node}, local rank {child.local_rank} read the data set before it was "
                     f"there ({errors[0]['error'] if errors else ''})",
                     "after the download, dist.barrier() on every process; read the files only after it")
-        downloaders = [(c, t) for c, t in members
-                       if any(e.get("download") for e in t.named("dataset_enter"))]
+        main = ws.workers.traces.get(setups[node].pid or -1) if node < len(setups) else None
+        if main is not None and any(end is not None for _, end in _downloads(main)):
+            before += 1  # the node's main code downloaded before it started the processes: they all read after
+            continue
+        downloaders = [(c, t) for c, t in members if _downloads(t)]
         require(len(downloaders) == 1, f"{len(downloaders)} processes of node {node} asked to download",
                 "only local rank 0 downloads (download=True); the others read with download=False")
         _, loader_trace = downloaders[0]
-        done = [e["t"] for e in loader_trace.named("dataset_exit")]
-        require(done, ws.workers.problem() or f"node {node}'s download never finished", "see the error")
-        barriers = [e for e in loader_trace.calls("barrier") if e["t"] >= max(done)]
+        done = [end for _, end in _downloads(loader_trace)]
+        require(all(t is not None for t in done), ws.workers.problem() or f"node {node}'s download never finished",
+                "see the error")
+        downloaded = max(t for t in done if t is not None)
+        barriers = [e for e in loader_trace.calls("barrier") if e["t"] >= downloaded]
         require(barriers, f"node {node}'s downloader reaches no barrier after its download",
                 "call dist.barrier() after the download, on every process")
         for child, trace in members:
@@ -259,31 +267,51 @@ def check_5(ws: Workspace) -> str:
             require(starts and min(starts) >= barriers[0]["t"],
                     f"node {node}, local rank {child.local_rank} built its data set before the barrier",
                     "the other processes read the files only after dist.barrier()")
+    if before == len(by_node):
+        return f"one download per node ({len(by_node)} nodes), before the node's processes started"
     return f"one download per node ({len(by_node)} nodes); the others waited at a barrier"
 
 
-def _is_train_dataset(trace: ProcessTrace, dataset: int) -> bool | None:
+def _downloads(trace: ProcessTrace) -> list[tuple[float, float | None]]:
+    """When each data set that this process built with download=True began, and when it was built
+    (None: never)."""
+    found: list[tuple[float, float | None]] = []
+    building = None
+    for e in trace.events:
+        if e["ev"] == "dataset_enter":
+            building = e if e.get("download") else None
+            if building is not None:
+                found.append((e["t"], None))
+        elif e["ev"] == "dataset_exit" and building is not None:
+            found[-1] = (building["t"], e["t"])
+            building = None
+    return found
+
+
+def _training_set(trace: ProcessTrace, loader: Event) -> bool | None:
+    """Whether a loader reads the training set (True), the validation set (False) or neither (None):
+    as its event says, or in older recordings, from the last data set of that id made before it."""
+    if "train" in loader:
+        return None if loader["train"] is None else bool(loader["train"])
+    kind = None
     for e in trace.named("dataset_exit"):
-        if e["dataset"] == dataset:
-            return bool(e["train"])
-    return None
+        if e["t"] <= loader["t"] and e["dataset"] == loader["dataset"]:
+            kind = bool(e["train"])
+    return kind
 
 
 def _iterated_loaders(trace: ProcessTrace) -> dict[bool, dict]:
     """The loader events of the training (True) and validation (False) loaders: the ones
     iterated, else the last ones made."""
-    loaders = {e["loader"]: e for e in trace.named("loader")}
+    loaders: dict[int, Event] = {}
     found: dict[bool, dict] = {}
-    for e in trace.named("loader"):
-        kind = _is_train_dataset(trace, e["dataset"])
-        if kind is not None:
-            found[kind] = e
-    for e in trace.named("loader_iter"):
-        loader = loaders.get(e["loader"])
-        if loader is not None:
-            kind = _is_train_dataset(trace, loader["dataset"])
-            if kind is not None:
-                found[kind] = loader
+    for e in trace.events:
+        if e["ev"] == "loader":
+            loaders[e["loader"]] = e
+        loader = loaders.get(e["loader"]) if e["ev"] in ("loader", "loader_iter") else None
+        kind = None if loader is None else _training_set(trace, loader)
+        if loader is not None and kind is not None:
+            found[kind] = loader
     return found
 
 
@@ -494,19 +522,20 @@ def _validation_truth(ranks: dict[int, ProcessTrace]) -> list[tuple[tuple[float,
         loader = _iterated_loaders(trace)[False]
         ends = [e for e in trace.named("loader_end") if e["loader"] == loader["loader"]]
         shards = _shards(trace, loader["sampler"])
-        per_rank[rank] = list(zip(shards, [e.get("per_image") for e in ends]))
+        per_rank[rank] = list(zip(shards, [_evaluated(e) for e in ends]))
     truth: list[tuple[tuple[float, float], tuple[float, float]]] = []
     for epoch in range(min(len(v) for v in per_rank.values())):
         seen: dict[int, list[float]] = {}
         everything: set[int] = set()
         means = []
         for rank in sorted(per_rank):
-            indices, per_image = per_rank[rank][epoch]
-            if per_image is None or len(per_image) > len(indices):
+            indices, evaluated = per_rank[rank][epoch]
+            if evaluated is None or any(place >= len(indices) for place, _ in evaluated):
                 return truth
             everything.update(indices)
-            for index, values in zip(indices, per_image):  # a loader takes its sampler's indices in order
-                seen.setdefault(index, values)
+            for place, values in evaluated:  # a loader takes its sampler's indices in order
+                seen.setdefault(indices[place], values)
+            per_image = [values for _, values in evaluated]
             if per_image:
                 means.append([sum(v[i] for v in per_image) / len(per_image) for i in (0, 1)])
         require(len(seen) == len(everything),
@@ -517,6 +546,16 @@ def _validation_truth(ranks: dict[int, ProcessTrace]) -> list[tuple[tuple[float,
         average = (sum(m[0] for m in means) / len(means), sum(m[1] for m in means) / len(means))
         truth.append((exact, average))
     return truth
+
+
+def _evaluated(end: Event) -> list[tuple[int, list[float]]] | None:
+    """(place in the loader's order, [loss, correct]) of each image a validation loop evaluated
+    (older recordings: the loader's first len(per_image) images); None if it could not be seen."""
+    per_image = end.get("per_image")
+    if per_image is None:
+        return None
+    places = end.get("evaluated")
+    return list(zip(range(len(per_image)) if places is None else places, per_image))
 
 
 def _shows_metrics(text: str, loss: float, accuracy: float) -> bool:

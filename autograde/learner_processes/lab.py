@@ -8,7 +8,8 @@ A command line is given as [option, value] pairs (value null for a flag); option
 script's parser does not know are left out, so that one command line fits every step.
 
 `setup` runs the script's own `__main__` code with the given command line until it starts
-real work (a process group, a data set, a data loader, mp.spawn, whichever comes first),
+real work (a process group, a data loader, mp.spawn, whichever comes first; data sets it may
+build, and download, before starting its processes, as one download per node can be),
 then reports what its argument parser made of the command line, its defaults, the
 environment it set, and every place a world size may be kept. Where the main code reaches
 mp.spawn, it goes on as the first spawned process would, to the first process group, so
@@ -90,7 +91,6 @@ def _stops() -> Iterator[None]:
     import torch.distributed as dist
     import torch.multiprocessing as mp
     from torch.utils.data import DataLoader
-    from torchvision.datasets import FashionMNIST
 
     def stopper(what: str, original: Any) -> Any:
         try:
@@ -106,8 +106,7 @@ def _stops() -> Iterator[None]:
             raise _Stop(what, bound)
         return stop
 
-    targets = [(dist, "init_process_group"), (mp, "spawn"), (mp, "start_processes"),
-               (FashionMNIST, "__init__"), (DataLoader, "__init__")]
+    targets = [(dist, "init_process_group"), (mp, "spawn"), (mp, "start_processes"), (DataLoader, "__init__")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
     for owner, name, original in saved:
         setattr(owner, name, stopper(f"{getattr(owner, '__name__', owner)}.{name}", original))
@@ -160,6 +159,7 @@ def run_main(script: str, wanted: Argv) -> tuple[_Node, _Stop | None]:
 
     argparse.ArgumentParser.parse_args = parse_args  # type: ignore[method-assign]
     sys.argv = [script]
+    result.pid = os.getpid()
     stopped: _Stop | None = None
     try:
         with _stops():

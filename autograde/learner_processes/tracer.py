@@ -43,12 +43,13 @@ _script = ""
 # ("terminate called without an active exception"; SIGABRT in 4 of 12 runs).
 _ddp: list["weakref.ref[Any]"] = []
 _moved: list["weakref.ref[Any]"] = []  # the first module moved with .to(): the model, before any DDP
-_val_datasets: set[int] = set()  # ids of validation data sets
 # What acts at the points the tracer reaches, in the order registered: a part's module (lab.py,
 # talk.py, ...), then code loaded beside the tracer (the tests' probe, tests/probe). See hook() and on().
 _hooks: dict[str, list[Callable[..., None]]] = {"optimizer_step": [], "validation": [], "ddp": [],
                                                 "group_started": [], "group_ending": []}
-_eval_capture: dict[str, Any] = {"active": False, "logits": [], "labels": []}
+# While a validation loader runs: the batch it gave last (its images, labels and place in the loader's
+# order), and what the model made of each evaluated image (logits, label, place).
+_eval_capture: dict[str, Any] = {"active": False, "batch": None, "logits": [], "labels": [], "positions": []}
 
 
 def on(point: str, listener: Callable[[], None]) -> None:
@@ -137,7 +138,7 @@ def _patch_distributed() -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", args[0] if args else None)
         emit("enter", call="init_process_group", backend=str(backend) if backend else None,
-             rank=kwargs.get("rank"), world_size=kwargs.get("world_size"))
+             rank=kwargs.get("rank"), world_size=kwargs.get("world_size"), env_rank=os.environ.get("RANK"))
         result = original_init(*args, **kwargs)
         emit("exit", call="init_process_group", rank_joined=dist.get_rank(), world_size=dist.get_world_size(),
              backend=str(dist.get_backend()), env_rank=os.environ.get("RANK"), life=life())
@@ -324,7 +325,6 @@ def forked_afresh() -> None:
     _steps[0] = 0
     _ddp.clear()
     _moved.clear()
-    _val_datasets.clear()
     _server_environ.clear()  # a server of its own, if it spawns in turn
 
 
@@ -377,8 +377,6 @@ def _patch_dataset(mnist: ModuleType) -> None:
         except Exception as err:
             emit("dataset_error", error=f"{type(err).__name__}: {err}"[:300])
             raise
-        if not train:
-            _val_datasets.add(id(self))
         emit("dataset_exit", dataset=id(self), train=bool(train), size=len(self))
 
     FashionMNIST.__init__ = __init__  # type: ignore[method-assign]
@@ -416,24 +414,24 @@ def _patch_data_loading() -> None:
     def loader_init(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
         original_loader_init(self, dataset, *args, **kwargs)
         emit("loader", loader=id(self), dataset=id(dataset), sampler=id(self.sampler),
-             sampler_type=type(self.sampler).__name__)
+             sampler_type=type(self.sampler).__name__, train=training_set(dataset))
 
     def loader_iter(self: Any) -> Any:
-        validation = id(self.dataset) in _val_datasets
+        validation = training_set(self.dataset) is False
         emit("loader_iter", loader=id(self), validation=validation)
         if validation:
             record_parameters("validation")  # after an epoch's training, before evaluating
             for action in _hooks["validation"]:
                 action()
-            _eval_capture.update(active=True, logits=[], labels=[])
+            _eval_capture.update(active=True, batch=None, logits=[], labels=[], positions=[])
         samples = 0
         exhausted = False
         try:
             for batch in original_loader_iter(self):
                 if isinstance(batch, (list, tuple)) and len(batch) == 2:
-                    samples += len(batch[1])
                     if validation:
-                        _eval_capture["labels"].append(batch[1].detach().cpu())
+                        _eval_capture["batch"] = (batch[0], batch[1].detach().cpu(), samples)
+                    samples += len(batch[1])
                 yield batch
             exhausted = True
         finally:
@@ -447,6 +445,8 @@ def _patch_data_loading() -> None:
         if validation:
             _eval_capture["active"] = False
             fields["per_image"] = _per_image(_eval_capture["logits"], _eval_capture["labels"])
+            fields["evaluated"] = _eval_capture["positions"] if fields["per_image"] is not None else None
+            _eval_capture["batch"] = None
         emit("loader_end", loader=id(self), samples=samples, **fields)
 
     DataLoader.__init__ = loader_init  # type: ignore[method-assign]
@@ -476,8 +476,39 @@ def optimizer_steps() -> int:
     return _steps[0]
 
 
+def training_set(dataset: Any) -> bool | None:
+    """Whether `dataset` is Fashion-MNIST's training set (True) or its validation set (False), read from
+    the data set itself (torchvision's `train`), through wrappers that keep theirs in `.dataset`
+    (Subset, say); None for any other data set. An object's own flag, never its id: a data set made and
+    dropped (a download before the real one) may leave its id to the next."""
+    for _ in range(8):
+        mnist = sys.modules.get("torchvision.datasets.mnist")
+        if mnist is not None and isinstance(dataset, mnist.MNIST):
+            return bool(dataset.train)
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            return None
+    return None
+
+
+def _evaluated_rows(images: Any, inputs: Any, count: int) -> list[int]:
+    """Which rows of the loader's last batch a forward pass of `count` outputs evaluated: all of them,
+    else each input found among the batch's images, else the first `count` (a batch cut short)."""
+    if count == len(images):
+        return list(range(count))
+    try:
+        given = inputs.detach().to("cpu", images.dtype).reshape(len(inputs), -1)
+        batch = images.detach().to("cpu").reshape(len(images), -1)
+        rows = [int(match[0]) for x in given if len(match := (batch == x).all(dim=1).nonzero().flatten()) == 1]
+        if len(rows) == count and len(given) == count:
+            return rows
+    except (AttributeError, RuntimeError, TypeError):  # not a tensor of the batch's shape: no match
+        pass
+    return list(range(min(count, len(images))))
+
+
 def _per_image(logits: list[Any], labels: list[Any]) -> list[list[float]] | None:
-    """[loss, correct] of every validation image, in loader order (None if logits and labels disagree)."""
+    """[loss, correct] of every evaluated validation image (None if logits and labels disagree)."""
     import torch
     import torch.nn.functional as F
     if not logits or sum(len(x) for x in logits) != sum(len(y) for y in labels):
@@ -521,8 +552,18 @@ def _patch_models() -> None:
 
 
 def _capture_logits(module: Any, inputs: Any, output: Any) -> None:
-    if _eval_capture["active"] and not module.training:
-        _eval_capture["logits"].append(output.detach().cpu())
+    """The model's outputs for the validation images it was given, with those images' labels and
+    places in the loader's order (a loop may evaluate part of a batch: the sampler's padding left out)."""
+    if not (_eval_capture["active"] and not module.training and _eval_capture["batch"] is not None):
+        return
+    images, labels, start = _eval_capture["batch"]
+    logits = output.detach().cpu()
+    rows = _evaluated_rows(images, inputs[0] if inputs else None, len(logits))
+    if len(rows) != len(logits):
+        return
+    _eval_capture["logits"].append(logits)
+    _eval_capture["labels"].append(labels[rows])
+    _eval_capture["positions"].extend(start + r for r in rows)
 
 
 def _patch_print() -> None:

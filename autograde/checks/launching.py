@@ -194,11 +194,16 @@ def _final(run: Run) -> dict[int, Event]:
     return ends
 
 
+def _checkpoint_file(ws: Workspace, which: str) -> Path:
+    """The checkpoint file of one of the runs ("whole", "killed", "torn"), in a folder of its own."""
+    return ws.root / f"checkpoint-{which}-files" / "checkpoint.pt"
+
+
 def checkpoint_run(ws: Workspace, which: str, env: dict[str, str], restarts: int) -> Run:
-    folder = ws.root / f"checkpoint-{which}-files"
-    folder.mkdir(exist_ok=True)
+    file = _checkpoint_file(ws, which)
+    file.parent.mkdir(exist_ok=True)
     argv = ["--epochs", str(EPOCHS), "--batch-size", "16", "--data-dir", str(ws.root / "disk"),
-            "--checkpoint", str(folder / "checkpoint.pt"), "--timeout", "30"]
+            "--checkpoint", str(file), "--timeout", "30"]
     options = ["--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts)]
     label = {"whole": "undisturbed torchrun run", "killed": "torchrun run with a worker killed",
              "torn": "torchrun run with a kill during a save"}[which]
@@ -217,8 +222,9 @@ def killed_run(ws: Workspace, per_epoch: float) -> Run:
 
 
 def torn_run(ws: Workspace) -> Run:
-    """The run in which rank 0 is killed halfway through writing its second checkpoint."""
-    return checkpoint_run(ws, "torn", {TEAR_SAVE: "0:2"}, restarts=RESTARTS)
+    """The run in which rank 0 is killed halfway through writing its second checkpoint (its first
+    torch.save once the first checkpoint is complete, whatever files a checkpoint takes)."""
+    return checkpoint_run(ws, "torn", {TEAR_SAVE: f"0:2:{_checkpoint_file(ws, 'torn').absolute()}"}, restarts=RESTARTS)
 
 
 def checkpoint_path(run: Run) -> str:
@@ -364,7 +370,8 @@ def check_resume(ws: Workspace) -> str:
 
     torn = torn_run(ws)
     tears = [e for t in torn.traces.values() for e in t.named("killed")]
-    require(tears, "rank 0 was never killed while saving: it made fewer than 2 torch.save calls",
+    require(tears, f"rank 0 was never killed while saving: it made no torch.save call once {name} was first "
+            "complete",
             "save a checkpoint at the end of every epoch, on rank 0", inconclusive=True)
     torn_name = Path(tears[0].get("path") or name).name if tears else name
     atomic = ("write the checkpoint atomically: torch.save to a temporary file, then os.replace() it onto the "

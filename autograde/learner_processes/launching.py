@@ -53,16 +53,21 @@ def _trace_checkpoints() -> None:
     import torch
 
     original_save, original_load = torch.save, torch.load
-    saves = [0]
+    tear = os.environ.get(TEAR_SAVE, "")
+    tear_rank, tear_at, checkpoint = tear.split(":", 2) if tear else ("", "", "")
+    complete = [0]  # checkpoints this process completed: saved straight into the file, or renamed onto it
+
+    def completed(path: str | None) -> None:
+        if checkpoint and path == os.path.abspath(checkpoint):
+            complete[0] += 1
 
     @functools.wraps(original_save)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _target(f)
         tracer.emit("save_enter", path=path)
-        saves[0] += 1
         if os.environ.get(SLOW_SAVE):
             time.sleep(float(os.environ[SLOW_SAVE]))
-        if _targeted(os.environ.get(TEAR_SAVE, ""), saves[0]):
+        if tear and _targeted(f"{tear_rank}:{int(tear_at) - 1}", complete[0]):
             buffer = io.BytesIO()
             original_save(obj, buffer, *args, **kwargs)
             half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
@@ -78,13 +83,18 @@ def _trace_checkpoints() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         result = original_save(obj, f, *args, **kwargs)
         tracer.emit("save_exit", path=path)
+        completed(path)
         return result
 
     @functools.wraps(original_load)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _target(f)
         tracer.emit("load_enter", path=path, map_location=repr(kwargs.get("map_location", args[0] if args else None)))
-        result = original_load(f, *args, **kwargs)
+        try:
+            result = original_load(f, *args, **kwargs)
+        except BaseException as err:  # a load that raised (no file yet, say) has ended all the same
+            tracer.emit("load_exit", path=path, error=f"{type(err).__name__}: {err}"[:200])
+            raise
         tracer.emit("load_exit", path=path)
         return result
 
@@ -98,6 +108,7 @@ def _trace_checkpoints() -> None:
                 result = original(src, dst, *args, **kwargs)
                 if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
                     tracer.emit("moved", src=os.path.abspath(os.fspath(src)), dst=os.path.abspath(os.fspath(dst)))
+                    completed(os.path.abspath(os.fspath(dst)))
                 return result
             return wrapper
 

@@ -454,7 +454,11 @@ EXERCISE_MISTAKES += [
     Mistake("slurm_job_double_quotes", "slurm_job", (  # the batch script expands the variables: its own task 0's
         (SLURM_TASK, SLURM_TASK.replace("bash -c '", 'bash -c "').replace("' bash", '" bash')
          .replace('"$TRAIN_SCRIPT" "$@"', '\\"\\$TRAIN_SCRIPT\\" \\"\\$@\\"')),),
-            "the tasks got the ranks 0, 0, 0, 0"),
+            "was told RANK=0 and LOCAL_RANK=0, though SLURM gave them SLURM_PROCID 0, 1, 2, 3"),
+    # the same in double quotes as a learner first writes them, nothing escaped: the batch shell expands all
+    Mistake("slurm_job_double_quotes_unescaped", "slurm_job", (
+        (SLURM_TASK, SLURM_TASK.replace("bash -c '", 'bash -c "').replace("' bash", '" bash')),),
+            "expanded once, by the batch script's own shell"),
     Mistake("slurm_job_no_kill_on_bad_exit", "slurm_job", ((SLURM_SRUN, SLURM_SRUN.replace("--kill-on-bad-exit=1 ", "")),),
             "the other tasks went on waiting for it"),
     Mistake("slurm_job_local_rank_is_procid", "slurm_job", (("LOCAL_RANK=$SLURM_LOCALID", "LOCAL_RANK=$SLURM_PROCID"),),

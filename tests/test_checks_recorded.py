@@ -11,12 +11,14 @@ and tests/test_styles.py (nine correct styles, the original lab's among them).
 """
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
 
 from autograde import registry
-from autograde.checker import judge
+from autograde.checker import api, code, judge
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
 from record_runs import (COMMAND, OUT, exercise_files, lab_files, lab_styles, mistakes, names, same_file, steps_after,
@@ -31,7 +33,8 @@ def replay(name: str, source: str, steps: list[str]) -> dict[str, Result]:
     ws = Workspace.replay(path)
     try:
         assert ws.script.read_text() == source, f"{name} changed since it was recorded: {COMMAND} {name}"
-        verdicts = {step: judge.check(ws, step) for step in steps}
+        # as a learner's check would end: a run spoilt from outside is made again, and blamed on the checker
+        verdicts = api.blame_outside({step: judge.check(ws, step) for step in steps}, api.outside_causes(ws))
     finally:
         ws.close()
     errors = [f"{r.step}: {r.observed}" for r in verdicts.values() if r.checker_error]
@@ -142,3 +145,14 @@ def test_the_recordings_on_disk_are_exactly_those_the_recorder_makes() -> None:
     assert not missing, f"not recorded: {COMMAND} {' '.join(missing)}"
     stale = sorted(on_disk - set(known))
     assert not stale, f"recordings of nothing the recorder makes (delete them): {stale}"
+
+
+def test_every_recording_was_made_by_todays_code_inside_the_learners_processes() -> None:
+    """A replay reads runs as they were made: after a change to how the learner's processes start or
+    what they trace (autograde/learner_processes/), only new runs of the whole corpus show what the
+    change does to a correct file or a mistake (see docs/testing.md)."""
+    today = code.learner_side_version()
+    stale = sorted(p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")
+                   if json.loads(gzip.decompress(p.read_bytes())).get("learner_side") != today)
+    assert not stale, (f"{len(stale)} of the recordings were made before autograde/learner_processes/ last changed "
+                       f"(the first: {', '.join(stale[:5])}): record them all again, for real: {COMMAND}")

@@ -42,3 +42,34 @@ def test_a_long_run_says_how_far_its_processes_have_got() -> None:
     worker = recorded_trace(joined, {"ev": "print", "text": "epoch 2: loss 0.41"}, {"ev": "step", "n": 14}, pid=4)
     said = progress({3: launcher, 4: worker})
     assert said == "2 processes running, 14 optimizer steps; rank 1 printed 'epoch 2: loss 0.41'", said
+
+
+def _port_taken(*process_traces: formats.ProcessTrace) -> Run:
+    result = processes.Result(returncode=1, stdout="", stderr="RuntimeError: ... EADDRINUSE: address already in use",
+                              timed_out=False, seconds=4.0, leftover=False)
+    return Run("job with the layout the script asks for", [result], {t.pid: t for t in process_traces})
+
+
+def claims(rank: object, env_rank: object, pid: int, lasting: int = 3) -> formats.ProcessTrace:
+    """A process that sets out to join as `rank` (given to init_process_group) or `env_rank` (RANK)."""
+    enter = {"ev": "enter", "call": "init_process_group", "rank": rank, "env_rank": env_rank}
+    return recorded_trace(enter, *[{"ev": "print", "text": "..."}] * lasting, pid=pid)
+
+
+def test_a_port_taken_by_the_runs_own_processes_is_the_scripts_doing() -> None:
+    """Two tasks told the same rank both host rank 0's store on one port: the learner's mistake (a batch
+    script that expanded the variables once, say), judged as such, not made again and blamed on the checker."""
+    same = _port_taken(claims(None, "0", pid=5), claims(None, "0", pid=6))
+    assert same.one_rank_twice() == 0 and same.outside_cause() is None
+    given = _port_taken(claims(1, None, pid=5), claims(1, "3", pid=6))  # the rank given wins over RANK
+    assert given.one_rank_twice() == 1 and given.outside_cause() is None
+    distinct = _port_taken(claims(None, "0", pid=5), claims(None, "1", pid=6))
+    assert distinct.one_rank_twice() is None
+    assert distinct.outside_cause() == "a port it was given was taken by another program"
+
+
+def test_ranks_claimed_again_after_a_restart_are_not_claimed_twice() -> None:
+    """torchrun's restarted group claims the ranks of the group it replaces, one life after the other."""
+    first, restarted = claims(None, "0", pid=5, lasting=1), claims(None, "0", pid=6)
+    restarted.events = [{**e, "t": e["t"] + 10} for e in restarted.events]
+    assert _port_taken(first, restarted).one_rank_twice() is None

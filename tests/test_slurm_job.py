@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from autograde import processes
+from autograde.checker import api
 from autograde.checker.runs import STALL_SECONDS
 from autograde.checks import launching_slurm as checks
 from autograde.learner_processes import launching
@@ -79,6 +80,21 @@ def test_exports_in_double_quotes_give_every_task_rank_0(slurm: Slurm, tmp_path:
     lines = _job(slurm, tmp_path, body).stdout.split()
     assert [lines[k + 1] for k, w in enumerate(lines) if w == "double"] == ["0", "0", "0"], lines
     assert sorted(lines[k + 1] for k, w in enumerate(lines) if w == "single") == ["0", "1", "2"], lines
+
+
+@pytest.mark.launch
+def test_srun_in_double_quotes_fails_the_check_in_its_own_words(slurm: Slurm, tmp_path: Path) -> None:
+    """As a learner checks it (api.check_steps: a run spoilt from outside is made again, then blamed on
+    the checker): a batch script whose srun command is in double quotes gives every task the batch shell's
+    rank 0, so that two tasks of a node both host rank 0's store on one port. That is the script's mistake,
+    said as such, never the checker's "a port it was given was taken by another program"."""
+    script = tmp_path / "slurm_job.sbatch"
+    script.write_text(SOLUTION.read_text().replace("bash -c '", 'bash -c "').replace("' bash", '" bash'))
+    _ = slurm.env  # the session's cluster, up (the check finds it running)
+    (verdict,) = api.check_steps(["slurm_job"], script, fresh=True, quiet=True)
+    assert verdict.passed is False and not verdict.checker_error, verdict
+    assert "expanded once, by the batch script's own shell" in verdict.observed, verdict.observed
+    assert verdict.hint and "single quotes" in verdict.hint, verdict.hint
 
 
 def test_the_solution_asks_for_the_checks_layout_and_the_exercise_for_none() -> None:

@@ -94,14 +94,32 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
             if step not in known and registry.item(step).file == file:
                 with ws.only_made(), contextlib.suppress(runs.Unmade):  # no run more for an item not asked
                     known[step] = judge.check(ws, step)
-        outside = {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
-                   if (cause := run.outside_cause()) is not None}
+        outside = outside_causes(ws)
         if record is not None and not outside:
             try:
                 ws.save(record)
             except OSError:
                 pass  # only a notebook's picture would have to make the runs again
     return known, outside
+
+
+def outside_causes(ws: Workspace) -> dict[str, str]:
+    """The workspace's runs that ended for a reason outside the script, by name, with the reason."""
+    return {name: f"the {run.name}: {cause}" for name, run in ws.made().items()
+            if (cause := run.outside_cause()) is not None}
+
+
+def blame_outside(verdicts: dict[str, Result], outside: dict[str, str]) -> dict[str, Result]:
+    """The verdicts as a learner gets them once a run spoilt from outside (`outside_causes`) has been
+    made again and spoilt again: a failure that rests on such a run blames the checker, not the script."""
+    blamed = dict(verdicts)
+    for step, result in verdicts.items():
+        affected = {name: cause for name, cause in outside.items() if runs.family(name) in registry.item(step).runs}
+        if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
+            affected = affected or outside
+        if affected and result.passed is False:
+            blamed[step] = _checker_error(result, affected)
+    return blamed
 
 
 def _checker_error(result: Result, runs: dict[str, str]) -> Result:
@@ -151,12 +169,7 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
         if say:
             say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
-    for step, result in verdicts.items():
-        affected = {name: cause for name, cause in outside.items() if runs.family(name) in registry.item(step).runs}
-        if result.checker_error and outside:  # its runs were not made: an earlier one was spoilt
-            affected = affected or outside
-        if affected and result.passed is False:
-            verdicts[step] = _checker_error(result, affected)
+    verdicts = blame_outside(verdicts, outside)
     kept = {step: r for step, r in verdicts.items()
             if not set(registry.item(step).runs) & {runs.family(name) for name in outside} and not r.checker_error}
     cache.save(path, procs_per_node, nodes, layout, {**known, **kept})

@@ -19,14 +19,8 @@ from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
+from autograde.checker import code
 from autograde.checker.verdicts import Result
-
-PACKAGE = Path(__file__).resolve().parents[1]
-# The code that can change a verdict: both sides of the checker, what crosses between them, the
-# checks, the registry, the process launcher and the stand-in data. Editing a figure or a notebook
-# helper keeps the verdicts.
-VERDICT_CODE = ("checker/**/*.py", "learner_processes/**/*.py", "protocol.py", "checks/**/*.py", "registry.py",
-                "processes.py", "data.py")
 
 
 def folder() -> Path:
@@ -37,10 +31,7 @@ def folder() -> Path:
 @lru_cache(maxsize=1)
 def checker_version() -> str:
     """A digest of the code that can change a verdict: verdicts of an older checker are not reused."""
-    digest = hashlib.sha256()
-    for path in sorted({p for pattern in VERDICT_CODE for p in PACKAGE.glob(pattern)}):
-        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return code.digest(code.VERDICT_CODE)
 
 
 def _file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Path:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from autograde import data, processes, paths
-from autograde.checker import devices
+from autograde.checker import code, devices
 from autograde.protocol import SCRIPT, STAGING, STARTUP, TRACE_DIR, ProcessTrace, Task, read as read_traces, read_reports, where
 
 HEARTBEAT = 5.0  # seconds between the lines a long run prints to show it is alive
@@ -90,9 +90,25 @@ class Run:
                 if e["signal"] == "SIGABRT":
                     return aborted_by_gloo
                 return f"a process that mp.spawn started was killed by signal {e['signal']}"
-        if any(text in self.output.lower() for text in ("address already in use", "eaddrinuse")):
+        if any(text in self.output.lower() for text in ("address already in use", "eaddrinuse")) \
+                and self.one_rank_twice() is None:
             return "a port it was given was taken by another program"
         return None if self.ok else processes.gloo_fault("\n".join([self.output, *crashes]))
+
+    def one_rank_twice(self) -> int | None:
+        """A rank that two of this run's processes set out to join as at the same time (given to
+        init_process_group, else RANK in the environment), or None. Both then host rank 0's store, say,
+        on one port: the port is taken by the run's own process, not by another program."""
+        claims: dict[int, list[tuple[float, float]]] = {}
+        for trace in self.traces.values():
+            for e in trace.calls("init_process_group"):
+                claimed = str(e.get("rank") if e.get("rank") is not None else e.get("env_rank"))
+                if claimed.isdigit():
+                    claims.setdefault(int(claimed), []).append((e["t"], trace.events[-1]["t"]))
+        for rank, lives in claims.items():  # torchrun's restarts claim the ranks again, one life after another
+            if any(a[0] <= b[1] and b[0] <= a[1] for k, a in enumerate(lives) for b in lives[k + 1:]):
+                return rank
+        return None
 
     def problem(self) -> str | None:
         """One sentence on what went wrong in this run, or None."""
@@ -263,7 +279,8 @@ class Workspace:
                        "traces": {str(pid): t.events for pid, t in run.traces.items()}}
                 for name, run in self.made().items()}
         record = {"script": self.script.read_text(), "procs_per_node": self.procs_per_node, "nodes": self.nodes,
-                  "devices": self.devices, "gpus": self.gpus, "runs": runs}
+                  "devices": self.devices, "gpus": self.gpus, "runs": runs,
+                  "learner_side": code.learner_side_version()}  # the in-process code that made the runs
         path.write_bytes(gzip.compress(json.dumps(record, sort_keys=True).encode(), mtime=0))
 
     @classmethod

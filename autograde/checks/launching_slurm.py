@@ -278,6 +278,22 @@ def _job_run(ws: Workspace, slurm: dict[str, str], layout: tuple[int, int] | Non
     return ws.once(Family.SLURM_JOB, key, label, _job_command(argv, str(ws.script)), argv, env, reports=True)
 
 
+def _expanded_per_task(run: Run) -> None:
+    """Fail where the job's tasks, each with SLURM variables of its own, were all given the same rank and
+    local rank: the batch script's shell expanded $SLURM_PROCID and its siblings once, for itself, before
+    srun started the tasks (the command srun runs in double quotes, say)."""
+    reports = (run.report or {}).get("ranks", [])
+    told = {(str(r.get("RANK")), str(r.get("LOCAL_RANK"))) for r in reports}
+    procids = {str(r.get("SLURM_PROCID")) for r in reports}
+    require(len(reports) < 2 or len(told) > 1 or len(procids) == 1,
+            f"in the {run.name}, every one of the {len(reports)} tasks was told RANK={next(iter(told))[0]} and "
+            f"LOCAL_RANK={next(iter(told))[1]}, though SLURM gave them SLURM_PROCID "
+            f"{', '.join(sorted(procids, key=lambda p: int(p) if p.isdigit() else -1))}: the variables were "
+            "expanded once, by the batch script's own shell, before srun started the tasks",
+            "the command srun runs must reach each task unexpanded, so that each task's own shell expands "
+            "$SLURM_PROCID and the others: in single quotes, not double quotes")
+
+
 RUNS_TRAIN_SCRIPT = ("srun must start one task per process of the job, each running $TRAIN_SCRIPT "
                      "(with SLURM up, `sbatch --wait exercises/slurm_job.sbatch` shows what happens)")
 
@@ -305,9 +321,12 @@ def _judge_slurm_job(ws: Workspace, slurm: dict[str, str]) -> str:
             f"{'s' if got[0] > 1 else ''}, not {nodes * per_node} tasks on {nodes} nodes ({per_node} on each)",
             f"the script must ask SLURM for {nodes} nodes with {per_node} tasks on each, in its #SBATCH lines")
     seen = ("ran $TRAIN_SCRIPT", RUNS_TRAIN_SCRIPT)
+    _expanded_per_task(asked)
     _judge_task_run(asked, nodes, per_node, RUNS_TRAIN_SCRIPT, seen)
     for layout in JOB_LAYOUTS:
-        _judge_task_run(_job_run(ws, slurm, layout), *layout, RUNS_TRAIN_SCRIPT, seen)
+        run = _job_run(ws, slurm, layout)
+        _expanded_per_task(run)
+        _judge_task_run(run, *layout, RUNS_TRAIN_SCRIPT, seen)
     failing = _job_run(ws, slurm, None, fail=True)
     last = nodes * per_node - 1
     require(not failing.stalled and not any(r.timed_out for r in failing.results),

@@ -1,0 +1,30 @@
+"""Digests of the course's own code, by what it can change: a verdict, or a run itself."""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]
+# The code that can change a verdict: both sides of the checker, what crosses between them, the
+# checks, the registry, the process launcher and the stand-in data. Editing a figure or a notebook
+# helper keeps the verdicts.
+VERDICT_CODE = ("checker/**/*.py", "learner_processes/**/*.py", "protocol.py", "checks/**/*.py", "registry.py",
+                "processes.py", "data.py")
+# The code that runs inside the learner's processes: how they start, and what their traces hold.
+# A recorded run was made by it; a replay cannot show what a change to it does, only a new run can.
+LEARNER_SIDE_CODE = ("learner_processes/**/*.py",)
+
+
+def digest(patterns: tuple[str, ...]) -> str:
+    """One digest of every file of the package that the glob patterns name, with their paths."""
+    found = hashlib.sha256()
+    for path in sorted({p for pattern in patterns for p in PACKAGE.glob(pattern)}):
+        found.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
+    return found.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def learner_side_version() -> str:
+    """A digest of the code inside the learner's processes, kept with every recording of runs."""
+    return digest(LEARNER_SIDE_CODE)

@@ -202,6 +202,12 @@ def run(cmd: Sequence[str | Path], *, timeout: float, cwd: str | Path | None = N
     return finish(start(cmd, cwd=cwd, env=env), timeout, started)
 
 
+def torch_import_seconds() -> float:
+    """One import of torch in a new interpreter, the median of three: the unit in which the course
+    states what its checks and its test suite cost, whatever the machine (`make bench`, `make test`)."""
+    return sorted(run([PYTHON, "-c", "import torch"], timeout=120).seconds for _ in range(3))[1]
+
+
 def run_in_terminal(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
                     env: Mapping[str, str] | None = None) -> int:
     """Run `cmd` with its output on this terminal (`make run`), to its end or to Ctrl-C (130).

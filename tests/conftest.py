@@ -10,6 +10,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Generator, Iterator, Mapping, NoReturn, Sequence
@@ -256,3 +257,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from autograde.tools import slurm_cluster
 
         slurm_cluster.down()
+
+
+# --- The suite's cost, in imports of torch -----------------------------------------------------
+# Machines differ (CI's may import torch in 1.3 s or in 3.5 s): the suite's time means something only
+# against one import of torch measured in the same session. A session that launches processes measures
+# it once collected, and ends with its wall time in that unit and each test file's share.
+_COST: dict[str, float] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.get_closest_marker("launch") for item in session.items) and not session.config.option.collectonly:
+        _COST["torch_import"] = processes.torch_import_seconds()
+        _COST["start"] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if "start" not in _COST:
+        return
+    unit, wall = _COST["torch_import"], time.monotonic() - _COST["start"]
+    by_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::")[0]
+                by_file[path] = by_file.get(path, 0.0) + report.duration
+    write = terminalreporter.write_line
+    terminalreporter.section("cost in imports of torch")
+    for path, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:20]:
+        write(f"{seconds:8.1f} s {seconds / unit:7.0f} imports  {path}")
+    write(f"the session: {wall / 60:.1f} min of tests = {wall / unit:.0f} imports of torch "
+          f"(one import took {unit:.2f} s here, measured at the start)")

@@ -70,8 +70,7 @@ def time_check(*args: str, script: Path = SOLUTION, env: dict[str, str] | None =
 
 def floor() -> float:
     """One import of torch in a new interpreter: the median of three."""
-    return statistics.median(processes.run([processes.PYTHON, "-c", "import torch"], timeout=120).seconds
-                             for _ in range(3))
+    return processes.torch_import_seconds()
 
 
 def target(item: registry.Item) -> float:

@@ -496,7 +496,7 @@ EXERCISE_MISTAKES += [
          '        if rank in ranks:\n            mine["tensor"] = dist.new_group(ranks)\n'),
         ('        group = dist.new_group(ranks)\n        if rank in ranks:\n            mine["data"] = group\n',
          '        if rank in ranks:\n            mine["data"] = dist.new_group(ranks)\n')),
-            "never got out of dist.new_group()"),
+            "the ranks did not all make the same groups in the same order"),
     Mistake("two_d_averaged_over_world", "two_d", (
         (TP_AVERAGE, "            dist.all_reduce(p.grad)\n            p.grad /= dist.get_world_size()\n"),),
             "average_gradients all-reduced over 4 processes; the ranks that hold the same shards are 2"),

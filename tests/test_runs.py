@@ -63,6 +63,9 @@ def test_a_port_taken_by_the_runs_own_processes_is_the_scripts_doing() -> None:
     assert same.one_rank_twice() == 0 and same.outside_cause() is None
     given = _port_taken(claims(1, None, pid=5), claims(1, "3", pid=6))  # the rank given wins over RANK
     assert given.one_rank_twice() == 1 and given.outside_cause() is None
+    first, second = claims(None, "0", pid=5, lasting=0), claims(None, "0", pid=6, lasting=0)
+    second.events = [{**e, "t": e["t"] + 0.05} for e in second.events]  # each died inside init_process_group
+    assert _port_taken(first, second).one_rank_twice() == 0
     distinct = _port_taken(claims(None, "0", pid=5), claims(None, "1", pid=6))
     assert distinct.one_rank_twice() is None
     assert distinct.outside_cause() == "a port it was given was taken by another program"

@@ -100,11 +100,13 @@ class Run:
         init_process_group, else RANK in the environment), or None. Both then host rank 0's store, say,
         on one port: the port is taken by the run's own process, not by another program."""
         claims: dict[int, list[tuple[float, float]]] = {}
+        end = max((t.events[-1]["t"] for t in self.traces.values() if t.events), default=0.0)
         for trace in self.traces.values():
             for e in trace.calls("init_process_group"):
                 claimed = str(e.get("rank") if e.get("rank") is not None else e.get("env_rank"))
-                if claimed.isdigit():
-                    claims.setdefault(int(claimed), []).append((e["t"], trace.events[-1]["t"]))
+                if claimed.isdigit():  # a process that never got out of init_process_group held it to the run's end
+                    claims.setdefault(int(claimed), []).append(
+                        (e["t"], end if trace.events[-1] is e else trace.events[-1]["t"]))
         for rank, lives in claims.items():  # torchrun's restarts claim the ranks again, one life after another
             if any(a[0] <= b[1] and b[0] <= a[1] for k, a in enumerate(lives) for b in lives[k + 1:]):
                 return rank

@@ -178,6 +178,17 @@ def check_two_d(ws: Workspace) -> str:
                 f"{' and '.join(map(str, stuck))} never got out of dist.new_group(): the ranks did not all make "
                 "the same groups in the same order", hint)
         run_ok(run, hint)
+    # gloo may let ranks out of new_groups that the others called for other groups (no deadlock, wrong
+    # groups): a rank that makes its groups with dist.new_group must call it once per group of the world
+    # (new_subgroups and the like make theirs without the traced call, and are judged by their groups)
+    groups = TWO_D_WORLD // TWO_D_TENSOR + TWO_D_TENSOR
+    made = {rank: len(t.calls("new_group")) for (_, rank), t in traces_by_rank(run).items()}
+    short = sorted(rank for rank, n in made.items() if 0 < n != groups)
+    require(not short, f"rank {short[0] if short else ''} called dist.new_group {made.get(short[0] if short else 0)} "
+            f"times, but the world of {TWO_D_WORLD} is cut into {groups} groups ({TWO_D_WORLD // TWO_D_TENSOR} "
+            f"tensor groups and {TWO_D_TENSOR} data groups): the ranks did not all make the same groups in the same "
+            "order", "every rank must call dist.new_group for every group, in the same order, even the groups it "
+            "is not in")
     reports = _parallel_reports(run)
     found = {r.rank: r.cases[0] for r in reports if r.cases}
     for r in reports:

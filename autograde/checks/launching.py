@@ -377,8 +377,7 @@ def check_resume(ws: Workspace) -> str:
     atomic = ("write the checkpoint atomically: torch.save to a temporary file, then os.replace() it onto the "
               "checkpoint (a rename is all or nothing)")
     if not torn.ok:
-        failed_load = [e for t in torn.traces.values() if (life_of(t) or 0) > 0 for e in t.named("load_enter")
-                       if not t.named("load_exit")]
+        failed_load = [t for t in torn.traces.values() if (life_of(t) or 0) > 0 and _load_failed(t)]
         raise Failed(f"rank 0 was killed halfway through writing {torn_name}, and "
                      + ("the restarted processes could not load the checkpoint it left" if failed_load
                         else "the restarted group failed"), atomic, step="checkpoint")
@@ -389,6 +388,13 @@ def check_resume(ws: Workspace) -> str:
             f"{resumed}, after the last complete checkpoint, ending with weights {same} to an undisturbed run's; "
             f"with rank 0 killed halfway through its second save, the first checkpoint was still whole and the "
             f"restart went on from epoch 2 (weights {torn_same}); {placed}")
+
+
+def _load_failed(trace: ProcessTrace) -> bool:
+    """Whether a load of this process failed: it raised, or never returned (older recordings of a load
+    that raised have no end)."""
+    exits = trace.named("load_exit")
+    return any(e.get("error") for e in exits) or len(trace.named("load_enter")) > len(exits)
 
 
 def _resumed(run: Run, per_epoch: float, what: str, complete: int, lost: str | None = None) -> int:

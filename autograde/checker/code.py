@@ -11,15 +11,21 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # helper keeps the verdicts.
 VERDICT_CODE = ("checker/**/*.py", "learner_processes/**/*.py", "protocol.py", "checks/**/*.py", "registry.py",
                 "processes.py", "data.py")
-# The code that runs inside the learner's processes: how they start, and what their traces hold.
-# A recorded run was made by it; a replay cannot show what a change to it does, only a new run can.
+# The code that runs inside the learner's processes and makes what their traces hold. A recorded run
+# was made by it; a replay cannot show what a change to it does, only a new run can.
 LEARNER_SIDE_CODE = ("learner_processes/**/*.py",)
+# ... less how a process starts: cold, or forked warm from a server that has imported torch. Both
+# trace the same events (tests/test_warm_start.py compares them, event by event), so that a
+# recording made cold stands for a run made warm, and the other way round.
+STARTING_CODE = ("learner_processes/_startup/*.py", "learner_processes/warm_start.py")
 
 
-def digest(patterns: tuple[str, ...]) -> str:
-    """One digest of every file of the package that the glob patterns name, with their paths."""
+def digest(patterns: tuple[str, ...], leave_out: tuple[str, ...] = ()) -> str:
+    """One digest of every file of the package that the glob patterns name (less those that
+    `leave_out` names), with their paths."""
     found = hashlib.sha256()
-    for path in sorted({p for pattern in patterns for p in PACKAGE.glob(pattern)}):
+    left_out = {p for pattern in leave_out for p in PACKAGE.glob(pattern)}
+    for path in sorted({p for pattern in patterns for p in PACKAGE.glob(pattern)} - left_out):
         found.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     return found.hexdigest()
 
@@ -27,4 +33,4 @@ def digest(patterns: tuple[str, ...]) -> str:
 @lru_cache(maxsize=1)
 def learner_side_version() -> str:
     """A digest of the code inside the learner's processes, kept with every recording of runs."""
-    return digest(LEARNER_SIDE_CODE)
+    return digest(LEARNER_SIDE_CODE, STARTING_CODE)

@@ -7,7 +7,9 @@ alive, whether the command finished, crashed or hung.
 
 A launch's processes are its process group and every process that carries its mark (MARK in
 the environment, which children inherit): torchrun starts each worker in a session of its own,
-outside the group, and a worker whose torchrun was killed would otherwise run on.
+outside the group, and a worker whose torchrun was killed would otherwise run on. A process forked
+warm (`WarmServer`; autograde/learner_processes/warm_start.py) leads a group that its server
+registers under the mark of the process that asked for it.
 """
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
+
+from autograde.protocol import LAUNCH_MARK, WARM_GROUPS, WARM_SERVER
 
 PYTHON = sys.executable
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-MARK = "DDP_LAB_LAUNCH"  # in the environment of every process a launch starts, and of their children
+MARK = LAUNCH_MARK  # in the environment of every process a launch starts, and of their children
 _marks: dict[int, str] = {}  # process group (the launched command's pid) -> its mark
 # Failures of gloo itself, not of the script that ran, and each a run worth making once more:
 # - as a process leaves, its work done and its process group destroyed, a C++ thread still joinable
@@ -109,8 +113,23 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _warm_groups() -> dict[int, str]:
+    """The groups of the processes forked warm by the servers this process knows (its own, and the
+    one its environment names), each with its launch's mark."""
+    found = {}
+    for folder in {*_servers, os.environ.get(WARM_SERVER, "")} - {""}:
+        for path in Path(folder, WARM_GROUPS).glob("[0-9]*"):
+            try:
+                found[int(path.name)] = path.read_text()
+            except (OSError, ValueError):
+                continue  # its group ended while we looked
+    return found
+
+
 def _processes() -> list[tuple[str, int, float, int, str | None]]:
-    """(state, process group, CPU seconds used, pid, launch mark) of every process, from /proc (Linux only)."""
+    """(state, process group, CPU seconds used, pid, launch mark) of every process, from /proc (Linux only).
+    A process forked warm has its server's environment in /proc: its mark is its group's registration."""
+    warm = _warm_groups()
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -119,8 +138,9 @@ def _processes() -> list[tuple[str, int, float, int, str | None]]:
         except (OSError, IndexError):
             continue  # the process went away while we looked (or is not ours to read)
         mark = next((v.decode()[len(MARK) + 1:] for v in environ.split(b"\0") if v.startswith(MARK.encode() + b"=")), None)
-        found.append((fields[0], int(fields[2]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
-                      int(stat.parent.name), mark))
+        group = int(fields[2])
+        found.append((fields[0], group, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+                      int(stat.parent.name), warm.get(group, mark)))
     return found
 
 
@@ -223,3 +243,70 @@ def run_in_terminal(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
         return 130
     finally:
         kill_group(proc.pid)
+
+
+_servers: list[str] = []  # the folders of the warm-start servers this process started and runs
+
+
+class WarmServer:
+    """A warm-start server (autograde/learner_processes/warm_start.py), owned by this process: it
+    stops when `stop` is called or this process dies, and nothing it forked outlives it. Every
+    traced Python process whose environment carries `env` (from `environment()`) is forked from it."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        import tempfile
+
+        from autograde import paths
+
+        self.folder = tempfile.mkdtemp(prefix="ddp-lab-warm-")
+        server_env = {k: v for k, v in child_env(env).items() if k not in (MARK, WARM_SERVER)}
+        server_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen([PYTHON, "-m", "autograde.learner_processes.warm_start", self.folder, str(os.getpid())],
+                                     env=server_env, stdin=subprocess.DEVNULL, start_new_session=True)
+        _servers.append(self.folder)
+        deadline = time.monotonic() + 30  # it listens at once, and answers once it has imported torch
+        while not Path(self.folder, "socket").exists() and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def environment(self) -> dict[str, str]:
+        return {WARM_SERVER: self.folder}
+
+    def stop(self) -> None:
+        """Stop the server: every process it forked is killed, and its folder removed."""
+        import shutil
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                kill_group(self.proc.pid)
+                self.proc.wait()
+        for pgid in _warm_groups_of(self.folder):
+            kill_group(pgid)
+        if self.folder in _servers:
+            _servers.remove(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_shared: list[WarmServer] = []
+
+
+def warm_environment() -> dict[str, str]:
+    """What a launch's environment needs for its Python processes to start warm: nothing where this
+    process's own environment names a server (a test run's, or "off": every process cold), else this
+    process's shared server, started on first use (it stops after 10 idle minutes, or with this process)."""
+    if os.environ.get(WARM_SERVER) is not None:
+        return {}
+    if not _shared or not _shared[0].running:
+        _shared[:] = [WarmServer()]
+    return _shared[0].environment()
+
+
+def _warm_groups_of(folder: str) -> Iterator[int]:
+    for path in Path(folder, WARM_GROUPS).glob("[0-9]*"):
+        yield int(path.name)

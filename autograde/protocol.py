@@ -31,6 +31,15 @@ COUNT_WORK = "DDP_LAB_COUNT_WORK"  # set to 1: count the elements every PyTorch 
 # "0": the learner's mp.spawn starts each process cold (a new interpreter that imports torch), as
 # untraced; otherwise each is forked from a server that has imported it (tracer.py, _warm_start)
 WARM_SPAWN = "DDP_LAB_WARM_SPAWN"
+# The folder of a warm-start server (learner_processes/warm_start.py): a traced Python process whose
+# environment names one is forked from it, torch imported, instead of importing torch itself. Each
+# process it forks leads a process group of its own, registered in <folder>/groups/<group>, the file
+# holding the launch's mark (LAUNCH_MARK), while a process of the group is left.
+WARM_SERVER = "DDP_LAB_WARM_SERVER"
+WARM_GROUPS = "groups"
+# In the environment of every process a launch starts, and of their children: the launch's mark
+# (marks of launches inside launches, joined with ":")
+LAUNCH_MARK = "DDP_LAB_LAUNCH"
 # Faults the checker injects into the first life of a torchrun group (autograde/checks/launching.py):
 KILL_AT_STEP = "DDP_LAB_KILL_AT_STEP"  # "<rank>:<n>": SIGKILL that rank right after its n-th optimizer step
 # "<rank>:<n>:<checkpoint>": that rank's first torch.save once n - 1 checkpoints are complete (written

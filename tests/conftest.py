@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import _posixsubprocess
+import collections
 import contextlib
 import importlib.util
+import json
 import multiprocessing.process
 import os
 import subprocess
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograde import data, processes  # noqa: E402
 from autograde import protocol as formats  # noqa: E402
+from autograde.protocol import WARM_SERVER  # noqa: E402
 
 SOLUTIONS = ROOT / "solutions"
 STARTER = ROOT / "fashion_mnist.py"
@@ -259,6 +262,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         slurm_cluster.down()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's warm-start server stops after the summary (which counts its warm starts)."""
+    for server in _WARM:
+        server.stop()
+
+
 # --- The suite's cost, in imports of torch -----------------------------------------------------
 # Machines differ (CI's may import torch in 1.3 s or in 3.5 s): the suite's time means something only
 # against one import of torch measured in the same session. A session that launches processes measures
@@ -266,10 +275,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 _COST: dict[str, float] = {}
 
 
+_WARM: list[processes.WarmServer] = []
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.get_closest_marker("launch") for item in session.items) and not session.config.option.collectonly:
         _COST["torch_import"] = processes.torch_import_seconds()
         _COST["start"] = time.monotonic()
+        if os.environ.get(WARM_SERVER) is None:  # one warm-start server for the whole run, every launch's
+            _WARM.append(processes.WarmServer())
+            os.environ.update(_WARM[0].environment())
+
+
+def _warm_starts() -> str:
+    """How many of the session's traced Python processes started warm, and why the others did not."""
+    lines = [json.loads(line) for line in (Path(_WARM[0].folder) / "log").read_text().splitlines()] \
+        if _WARM and (Path(_WARM[0].folder) / "log").exists() else []
+    reasons = collections.Counter(line["cold"] for line in lines if line["cold"])
+    said = "; ".join(f"{n} for {why}" for why, n in reasons.most_common(5))
+    return f"{len(lines) - sum(reasons.values())} of {len(lines)} traced processes started warm" + \
+        (f" (cold: {said})" if said else "")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -288,3 +313,4 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         write(f"{seconds:8.1f} s {seconds / unit:7.0f} imports  {path}")
     write(f"the session: {wall / 60:.1f} min of tests = {wall / unit:.0f} imports of torch "
           f"(one import took {unit:.2f} s here, measured at the start)")
+    write(_warm_starts())

@@ -123,7 +123,7 @@ def test_every_part_has_its_files_named_after_it() -> None:
 
 
 # The modules of a side that serve every part (named for what they do, not for a part)
-SHARED = {"checks": set(), "learner_processes": {"tracer", "tasks"}, "notebook": {"runtime", "figure"}}
+SHARED = {"checks": set(), "learner_processes": {"tracer", "tasks", "warm"}, "notebook": {"runtime", "figure"}}
 
 
 # --- The package never reaches into tests/: no module of autograde/ imports a test module, nor builds

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autograde.checker.runs import Family, Workspace
-from autograde.protocol import WARM_SPAWN
+from autograde.protocol import WARM_SERVER, WARM_SPAWN
 
 PROGRAM = '''
 import os
@@ -41,7 +41,9 @@ def _printed(tmp_path: Path, warm: str) -> list[str]:
     script.parent.mkdir()
     script.write_text(PROGRAM)
     with Workspace(script) as ws:
-        run = ws.launched(Family.HANG, "spawns", "program", ["--flag", "x"], env={WARM_SPAWN: warm})
+        # cold: no warm-start server either, so that each spawned process is a new interpreter
+        cold = {} if warm == "1" else {WARM_SERVER: "off"}
+        run = ws.launched(Family.HANG, "spawns", "program", ["--flag", "x"], env={WARM_SPAWN: warm, **cold})
         assert run.ok, run.output[-2000:]
         lines = sorted(line.replace(str(ws.root), "ROOT").replace(str(script.parent), "HERE")
                        for line in run.output.splitlines())

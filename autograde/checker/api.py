@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from autograde import paths, registry
+from autograde import paths, processes, registry
 from autograde.checker import cache, devices, judge, runs
 from autograde.checker.runs import Workspace
 from autograde.checker.verdicts import Result
@@ -86,6 +86,8 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
     the runs that ended for a reason outside the script (by name, with the reason). The runs are
     recorded in `record` when none ended for such a reason."""
     known: dict[str, Result] = {}
+    if any(registry.item(step).runs for step in wanted):
+        processes.warm_environment()  # the warm-start server imports torch while the workspace is made
     with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
         for step in wanted:
             known[step] = judge.check(ws, step)

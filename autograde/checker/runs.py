@@ -24,6 +24,7 @@ import shutil
 import signal
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -320,6 +321,20 @@ class Workspace:
         finally:
             self._may_launch = True
 
+    def at_once(self, *makers: Callable[[], Run]) -> None:
+        """Make these runs together, each in a thread of its own, where runs may be made (not from
+        a recording, nor within `only_made`); a check then reads them one by one, as it would anyway
+        (each run is made once, and kept). Runs that are independent of each other overlap what
+        they wait on (their processes' start, a rendezvous, SLURM's scheduler); never runs that
+        are timed against each other. A maker that fails here fails again, the same way, when the
+        check asks for its run itself."""
+        if self.replaying or not self._may_launch or len(makers) < 2:
+            return
+        with ThreadPoolExecutor(max_workers=len(makers)) as pool:
+            for future in [pool.submit(make) for make in makers]:
+                with contextlib.suppress(Exception):
+                    future.result()
+
     def made(self) -> dict[str, Run]:
         """The runs made so far, by key (setup, workers, program, two_nodes; "pi/3" for launched runs)."""
         return {name: run for name, run in vars(self).items() if isinstance(run, Run)}
@@ -403,7 +418,9 @@ class Workspace:
                SCRIPT: str(self.script), STAGING: str(self.staging),
                # asking how many GPUs there are must not set up CUDA: the workers run forks
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-               "CUDA_VISIBLE_DEVICES": gpus}  # "": the CPU
+               "CUDA_VISIBLE_DEVICES": gpus,  # "": the CPU
+               # every Python process of the run forked from a server that has imported torch
+               **processes.warm_environment()}
         return env
 
     def _common(self, data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:

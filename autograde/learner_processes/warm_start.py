@@ -1,0 +1,559 @@
+"""Warm starts: every Python process the checker launches (the learner's program, torchrun's agent
+and workers, SLURM's tasks, multiprocessing's own helpers) is forked from a server that has imported
+torch, torchvision and the tracer once, instead of importing them itself (about 3 s of CPU each).
+
+    python -m autograde.learner_processes.warm_start FOLDER OWNER_PID   (the server; the checker starts it)
+
+Both halves run on the learner's side of the process boundary:
+
+- `proxy()`, called by _startup/sitecustomize.py before anything heavy is imported, in a process
+  whose environment names a server (protocol.WARM_SERVER): it sends the server what makes this
+  process what it is (its command line, folder, environment, sys.path, open files, signal
+  dispositions, limits, CPU affinity) and then stands in for the warm process: it passes on the
+  signals it gets, and exits as the warm process does (its exit code, or killed by its signal).
+  Whoever started it (the checker, torchrun, slurmstepd, mpirun) keeps the process it knows. Where
+  the server says no (`_cold_reason`) or none answers, it returns, and the process starts cold.
+- `serve()`: imports what every traced process imports, then forks a process per request. The
+  forked process takes on the request's state, starts a session of its own (registered under the
+  launch's mark in FOLDER/groups/, so the checker finds and stops it as one of the launch's), runs
+  the same start-up as a cold process (sitecustomize.py: tracing installed for its own trace folder)
+  and then the program, as `__main__`, imported afresh. A warm process whose stand-in dies is
+  killed; when the owner dies, or the server is told to stop, every process it forked is killed.
+
+What a warm process shares with the server, and a cold one would not: the modules imported before
+it (what they read from the environment as they loaded comes from the server's, which is why a
+request whose environment differs in a variable of `AS_IT_LOADS` starts cold) and Python's string
+hash seed. tests/test_warm_start.py runs the lab's solution and two styles both ways and
+compares every process's trace, event by event.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+from autograde.protocol import LAUNCH_MARK, STARTUP, WARM_GROUPS, WARM_SERVER
+
+SOCKET, GROUPS, LOG = "socket", WARM_GROUPS, "log"  # in the server's folder
+# Variables that Python, torch, torchvision and the libraries they load may read as they load: a
+# request whose environment differs from the server's in one of them starts cold (its value would
+# not be the one the server's modules were loaded with). The rest are read once a program runs.
+AS_IT_LOADS = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "CUDA", "CUBLAS", "CUDNN", "NVIDIA",
+               "NCCL_DEBUG", "LD_", "LANG", "LC_", "TZ", "TRITON", "DNNL_", "ONEDNN_", "OPENBLAS_", "NPY_", "NUMPY_",
+               "MALLOC_", "GLIBC_", "KINETO", "LOGLEVEL")
+# ... less these, read only once a program runs (by torch.distributed, the launchers, CUDA's set-up),
+# or set up again for the warm process (PYTHONPATH: its sys.path is sent whole; PYTHONUNBUFFERED: its
+# streams are made again)
+AT_RUN_TIME = ("PYTHONPATH", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "PYTORCH_NVML_BASED_CUDA_CHECK",
+               "TORCHELASTIC_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+# Signals the stand-in passes on to the warm process's group, as a launcher's killpg reaches a cold one's
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# What the server imports before it forks: what a traced process imports (the tracer and each part's
+# module, as sitecustomize.py installs them), torchvision, and torchrun's agent.
+PRELOAD = ("torch", "torch.distributed", "torch.multiprocessing", "torch.nn", "torch.optim", "torch.utils.data",
+           "torchvision", "torch.distributed.run", "autograde.learner_processes.lab",
+           "autograde.learner_processes.launching", "autograde.learner_processes.scaling",
+           "autograde.learner_processes.talk", "autograde.learner_processes.tracer",
+           "autograde.learner_processes.tracer_warm_server")
+# Interpreter options that take no value and that sys.flags shows (-u: the streams are made again)
+FLAG_OPTIONS = {"-u", "-B", "-s", "-E", "-I", "-P", "-O", "-OO", "-b", "-bb", "-q", "-d", "-R", "-v"}
+WARM_DEBUG = "DDP_LAB_WARM_DEBUG"  # set: a process that starts cold says why on stderr
+IDLE_SECONDS = 600  # a server that forked nothing for this long stops (its owner may start another)
+_FD_LIMIT = 200  # a process with more open files than this starts cold (one message carries at most 253)
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] = []) -> None:
+    data = json.dumps(message).encode()
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([struct.pack("!I", len(data)) + data], ancillary)
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One message and the files that came with it ({} when the other side has gone)."""
+    fds: list[int] = []
+    head, ancillary, _, _ = sock.recvmsg(4, socket.CMSG_SPACE(_FD_LIMIT * 4))
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += array.array("i", data[: len(data) - len(data) % 4]).tolist()
+    if len(head) < 4:
+        return {}, fds
+    size = struct.unpack("!I", head)[0]
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            return {}, fds
+        body += chunk
+    return json.loads(body), fds
+
+
+# --- The stand-in: the process its launcher started -----------------------------------------------
+
+def _program() -> dict[str, Any] | None:
+    """How this interpreter was asked to run (a script, -m or -c), or None where a warm start could
+    not be the same (options that sys.flags does not show, a folder or zip file as the script, stdin)."""
+    args = list(sys.orig_argv[1:])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    while args and args[0] in FLAG_OPTIONS:  # as sys.flags shows them: the server's must be the same
+        unbuffered, args = unbuffered or args[0] == "-u", args[1:]
+    if not args:
+        return None
+    if args[0] in ("-m", "-c") and len(args) >= 2:
+        kind, target = args[0][1], args[1]
+    elif not args[0].startswith("-") and os.path.isfile(args[0]):
+        kind, target = "s", os.path.abspath(args[0])
+    else:
+        return None
+    return {"kind": kind, "target": target, "unbuffered": unbuffered}
+
+
+def _open_fds() -> list[int]:
+    """This process's open files (the listing's own, gone once listed, left out)."""
+    import fcntl
+
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fcntl.fcntl(int(name), fcntl.F_GETFD)
+        except OSError:
+            continue
+        found.append(int(name))
+    return sorted(found)
+
+
+def _signals() -> dict[str, str]:
+    """Each signal's disposition: ignored, or Python's own handler (the rest are the default)."""
+    found = {}
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(signum)
+        except (OSError, ValueError):
+            continue
+        if handler is signal.SIG_IGN:
+            found[str(int(signum))] = "ignore"
+        elif handler is signal.default_int_handler:
+            found[str(int(signum))] = "python"
+    return found
+
+
+def proxy() -> None:
+    """Run this process warm and exit as it exits; return where it must start cold."""
+    folder = os.environ.get(WARM_SERVER, "")
+    if folder in ("", "off") or not os.path.isdir("/proc/self/fd"):
+        return
+    program = _program()
+    if program is None:
+        if os.environ.get(WARM_DEBUG):
+            print(f"warm start: a cold start: the command line {sys.orig_argv[1:]}", file=sys.stderr, flush=True)
+        return
+    fds = _open_fds()
+    if len(fds) > _FD_LIMIT:
+        return
+    import resource
+
+    request = {
+        **program, "argv": sys.argv, "orig_argv": sys.orig_argv, "path": sys.path, "cwd": os.getcwd(),
+        "environ": dict(os.environ), "fds": fds, "pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(),
+        "executable": sys.executable, "prefix": sys.prefix, "flags": list(sys.flags), "umask": _umask(),
+        "signals": _signals(), "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "limits": {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")},
+        "affinity": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "encoding": [getattr(s, "encoding", None) for s in (sys.stdin, sys.stdout, sys.stderr)],
+        "errors": [getattr(s, "errors", None) for s in (sys.stdin, sys.stdout, sys.stderr)],
+    }
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(os.path.join(folder, SOCKET))
+        _send(sock, request, fds)
+        answer, _ = _receive(sock)
+    except OSError as err:
+        if os.environ.get(WARM_DEBUG):
+            print(f"warm start: a cold start: no server ({err})", file=sys.stderr, flush=True)
+        return  # no server (gone, or not ours to reach): a cold start
+    if "pid" not in answer:
+        sock.close()
+        if os.environ.get(WARM_DEBUG):
+            print(f"warm start: a cold start: {answer.get('cold', 'no answer')}", file=sys.stderr, flush=True)
+        return
+    pid = answer["pid"]
+
+    def relay(signum: int, _: Any) -> None:
+        try:
+            os.killpg(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    for signum in RELAYED:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, relay)
+    try:
+        ended, _ = _receive(sock)
+    except OSError:
+        ended = {}
+    code = ended.get("exit")
+    if code is None:
+        os.write(2, b"warm start: the server stopped before the program ended\n")
+        os._exit(1)
+    if code >= 0:
+        os._exit(code)
+    for signum in RELAYED:
+        signal.signal(signum, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+    os.kill(os.getpid(), -code)  # dies as the warm process died
+    os._exit(128 - code)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# --- The server -------------------------------------------------------------------------------------
+
+def _cold_reason(request: dict[str, Any], base: dict[str, str]) -> str | None:
+    """Why the process that asks must start cold rather than be forked from this server, or None."""
+    if (request["uid"], request["gid"]) != (os.getuid(), os.getgid()):
+        return "another user"
+    if (request["executable"], request["prefix"]) != (sys.executable, sys.prefix):
+        return "another Python"
+    if request["flags"] != list(sys.flags):
+        return "other interpreter options"
+    env = request["environ"]
+    for name in sorted(set(env) | set(base)):
+        if env.get(name) != base.get(name) and name.startswith(AS_IT_LOADS) and not name.startswith(AT_RUN_TIME):
+            return f"${name} differs"
+    import resource
+
+    for name, (soft, hard) in request["limits"].items():
+        have = resource.getrlimit(getattr(resource, name))[1]
+        if have != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > have):
+            return f"{name} above the server's"
+    return None
+
+
+class _Child:
+    def __init__(self, pid: int, conn: socket.socket, stand_in: int | None) -> None:
+        self.pid, self.conn, self.stand_in = pid, conn, stand_in
+
+
+def serve(folder: Path, owner: int) -> dict[str, Any] | None:
+    """Serve until the owner dies or SIGTERM; in a forked process, return its request (to be run)."""
+    import selectors
+    import time
+
+    base = dict(os.environ)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(folder / (SOCKET + ".new")))
+    listener.listen(64)
+    os.rename(folder / (SOCKET + ".new"), folder / SOCKET)  # requests wait in the backlog while we import
+    (folder / GROUPS).mkdir(exist_ok=True)
+    for name in PRELOAD:
+        __import__(name)
+    import gc
+
+    gc.freeze()  # the forked processes leave the modules imported here out of their collections
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C is the owner's to handle
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "listener")
+    selector.register(wake_r, selectors.EVENT_READ, "wake")
+    owner_fd = os.pidfd_open(owner)
+    selector.register(owner_fd, selectors.EVENT_READ, "owner")
+    children: dict[int, _Child] = {}
+    ended: set[int] = set()  # groups of children that have exited: registered while a process is left in them
+
+    def close_all() -> None:
+        for fd in (listener.fileno(), wake_r, wake_w, owner_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        selector.close()
+
+    idle_since = time.monotonic()
+    while not stopping:
+        if children or ended:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_SECONDS:
+            break
+        for key, _ in selector.select(timeout=0.5):
+            what = key.data
+            if what == "owner":
+                stopping.append(1)
+            elif what == "wake":
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        pid, status = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if not pid:
+                        break
+                    child = children.pop(pid, None)
+                    if child is not None:
+                        with_code = os.waitstatus_to_exitcode(status)
+                        try:
+                            _send(child.conn, {"exit": with_code})
+                        except OSError:
+                            pass
+                        child.conn.close()
+                        if child.stand_in is not None:
+                            selector.unregister(child.stand_in)
+                            os.close(child.stand_in)
+                        ended.add(pid)
+            elif what == "listener":
+                conn, _ = listener.accept()
+                conn.settimeout(10)
+                try:
+                    request, fds = _receive(conn)
+                except (OSError, ValueError):
+                    conn.close()
+                    continue
+                stand_in = None
+                try:
+                    reason = _cold_reason(request, base)
+                    if reason is None:
+                        stand_in = os.pidfd_open(request["pid"])
+                except Exception as err:  # noqa: BLE001 (a request it cannot read is a cold start, never the server's end)
+                    reason = f"the request could not be read ({type(err).__name__}: {err})"
+                _log(folder, request, reason)
+                if reason is not None:
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        _send(conn, {"cold": reason})
+                    except OSError:
+                        pass
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    for child in children.values():
+                        child.conn.close()
+                        if child.stand_in is not None:
+                            os.close(child.stand_in)
+                    close_all()
+                    conn.close()
+                    assert stand_in is not None
+                    os.close(stand_in)
+                    request["received"] = fds
+                    return request
+                for fd in fds:
+                    os.close(fd)
+                mark = request["environ"].get(LAUNCH_MARK)
+                if mark:
+                    (folder / GROUPS / str(pid)).write_text(mark)
+                conn.settimeout(None)
+                assert stand_in is not None
+                children[pid] = _Child(pid, conn, stand_in)
+                selector.register(stand_in, selectors.EVENT_READ, ("stand_in", pid))
+                try:
+                    _send(conn, {"pid": pid})
+                except OSError:
+                    pass
+            else:  # ("stand_in", pid): the stand-in died, so must its warm process
+                child = children.get(what[1])
+                if child is not None and child.stand_in is not None:
+                    selector.unregister(child.stand_in)
+                    os.close(child.stand_in)
+                    child.stand_in = None
+                    _kill_group(child.pid)
+        for pgid in list(ended):  # a group's registration goes when its last process has gone
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                ended.discard(pgid)
+                (folder / GROUPS / str(pgid)).unlink(missing_ok=True)
+            except PermissionError:
+                pass
+    for pid in list(children) + list(ended):
+        _kill_group(pid)
+    deadline = time.monotonic() + 5
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        children.pop(pid, None)
+    close_all()
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)  # nothing of the server is left, whoever stopped it
+    return None
+
+
+def _log(folder: Path, request: dict[str, Any], reason: str | None) -> None:
+    """A line per request in FOLDER/log: "warm" or "cold: <why>", and the command (how many start cold, and why)."""
+    with open(folder / LOG, "a") as log:
+        log.write(json.dumps({"cold": reason, "command": request.get("orig_argv", [])[1:4]}) + "\n")
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# --- The forked process: become the process that asked, then run its program -----------------------
+
+def _take_on(request: dict[str, Any]) -> None:
+    """Take on the state of the process that asked (its stand-in): what a cold start would have."""
+    import random
+    import resource
+    import tempfile
+
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        how = request["signals"].get(str(int(signum)))
+        wanted = signal.SIG_IGN if how == "ignore" else signal.default_int_handler if how == "python" else signal.SIG_DFL
+        try:
+            signal.signal(signum, wanted)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
+    # the stand-in's files, at the same numbers: moved out of the way first, then into place
+    received = request.pop("received")
+    high = [_dup_high(fd) for fd in received]
+    for fd in received + [fd for fd in (0, 1, 2) if fd not in request["fds"]]:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    for number, fd in zip(request["fds"], high):
+        os.dup2(fd, number, inheritable=True)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    for name, (soft, hard) in request["limits"].items():
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (ValueError, OSError):
+            pass
+    try:
+        os.sched_setaffinity(0, request["affinity"])
+        os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
+    except OSError:
+        pass
+    os.environ.clear()
+    os.environ.update(request["environ"])
+    sys.argv[:] = request["argv"]
+    sys.orig_argv[:] = request["orig_argv"]
+    sys.path[:] = request["path"]
+    if request["kind"] == "s":
+        sys.path.insert(0, os.path.dirname(os.path.realpath(request["target"])))
+    elif request["kind"] == "m":
+        sys.path.insert(0, os.getcwd())
+    else:
+        sys.path.insert(0, "")
+    _streams(request)
+    random.seed()
+    tempfile.tempdir = None
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+
+
+def _dup_high(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024)
+
+
+def _streams(request: dict[str, Any]) -> None:
+    """sys.stdin, sys.stdout and sys.stderr made again for the stand-in's files, as Python makes them."""
+    import io
+
+    unbuffered = request["unbuffered"]
+    made: list[Any] = []
+    for fd, mode in ((0, "rb"), (1, "wb"), (2, "wb")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            made.append(None)
+            continue
+        raw = io.FileIO(fd, mode, closefd=False)
+        buffered: Any = raw if (unbuffered and fd) else (io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw))
+        made.append(io.TextIOWrapper(buffered, encoding=request["encoding"][fd] or "utf-8",
+                                     errors=request["errors"][fd] or "strict",
+                                     line_buffering=fd == 2 or (fd == 1 and raw.isatty()),
+                                     write_through=unbuffered and fd > 0))
+    for old in (sys.stdout, sys.stderr):
+        try:
+            old.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    sys.stdin, sys.stdout, sys.stderr = made  # type: ignore[assignment]
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = made  # type: ignore[misc]
+
+
+def run(request: dict[str, Any]) -> None:
+    """Become the process that asked, install the course's start-up for it, and run its program."""
+    import runpy
+    import types
+
+    _take_on(request)
+    runpy.run_path(str(STARTUP / "sitecustomize.py"))  # the tracing, as sitecustomize installs it cold
+    kind, target = request["kind"], request["target"]
+    main = types.ModuleType("__main__")  # a new __main__: the server's own module is not the program's
+    main.__dict__["__builtins__"] = sys.modules["builtins"]
+    sys.modules["__main__"] = main
+    try:
+        if kind == "m":
+            runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]  # as `python -m` does
+            return
+        if kind == "s":
+            from importlib.machinery import SourceFileLoader
+
+            main.__file__ = target
+            main.__dict__.update(__cached__=None, __loader__=SourceFileLoader("__main__", target))
+            with open(target, "rb") as source:
+                code = compile(source.read(), target, "exec", dont_inherit=True)
+        else:
+            code = compile(target, "<string>", "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as err:  # as the interpreter reports it, without this module's frames
+        tb = err.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        sys.excepthook(type(err), err.with_traceback(tb), tb)
+        if isinstance(err, KeyboardInterrupt):
+            import atexit
+
+            atexit._run_exitfuncs()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m autograde.learner_processes.warm_start FOLDER OWNER_PID")
+    job = serve(Path(sys.argv[1]), int(sys.argv[2]))
+    if job is not None:
+        run(job)

@@ -24,9 +24,12 @@ Like the other checks, it reads behaviour, never names or wording.
 """
 from __future__ import annotations
 
+import functools
+
 import json
 import shlex
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from autograde import processes
@@ -259,13 +262,19 @@ JOB_LAYOUTS = ((1, 3), (2, 1))  # given on sbatch's command line: the script mus
 PROBE = "from autograde.learner_processes.launching import slurm_probe\n\nslurm_probe()\n"
 
 
+def _probe(ws: Workspace) -> Path:
+    """The checker's $TRAIN_SCRIPT, written into the workspace once (before any job is submitted)."""
+    probe = ws.root / "slurm_job_probe.py"
+    if not ws.replaying and not probe.exists():
+        probe.write_text(PROBE)
+    return probe
+
+
 def _job_run(ws: Workspace, slurm: dict[str, str], layout: tuple[int, int] | None, fail: bool = False) -> Run:
     """The learner's batch script submitted, its layout given on sbatch's command line (None: the
     one it asks for), $TRAIN_SCRIPT the checker's probe; with `fail`, its last task fails. The
     tasks' `python` is the course's: the checker puts its environment first on PATH."""
-    probe = ws.root / "slurm_job_probe.py"
-    if not ws.replaying and not probe.exists():
-        probe.write_text(PROBE)
+    probe = _probe(ws)
     argv = [] if layout is None else ["--nodes", str(layout[0]), "--ntasks-per-node", str(layout[1])]
     env = {**slurm, "TRAIN_SCRIPT": str(probe)}
     if layout is None:
@@ -311,6 +320,9 @@ def check_slurm_job(ws: Workspace) -> str:
 
 def _judge_slurm_job(ws: Workspace, slurm: dict[str, str]) -> str:
     nodes, per_node = JOB_LAYOUT
+    _probe(ws)
+    ws.at_once(*(functools.partial(_job_run, ws, slurm, layout) for layout in (None, *JOB_LAYOUTS)),
+               functools.partial(_job_run, ws, slurm, None, True))  # jobs of their own, side by side on the cluster
     asked = _job_run(ws, slurm, None)
     reports = (asked.report or {}).get("ranks", [])
     require(reports, f"no task of the {asked.name} ran $TRAIN_SCRIPT"

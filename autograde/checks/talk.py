@@ -8,6 +8,8 @@ messages traced. Like the lab's checks, they read behaviour, never names or word
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from collections import Counter
@@ -120,6 +122,7 @@ def check_pi(ws: Workspace) -> str:
     verdict says so."""
     found: dict[int, float] = {}
     work: dict[int, dict[int, int]] = {}
+    ws.at_once(*(functools.partial(_pi_run, ws, n) for n in PI_WORLD_SIZES))
     for n in PI_WORLD_SIZES:
         run = _pi_run(ws, n)
         run_ok(run, "the script must run to the end with any --world-size")

@@ -23,9 +23,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from autograde.protocol import LAUNCH_MARK, WARM_GROUPS, WARM_SERVER
+from autograde.protocol import LAUNCH_MARK, WARM_GROUPS, WARM_LOG, WARM_SERVER, WARM_SOCKET
 
 PYTHON = sys.executable
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -118,11 +118,18 @@ def _warm_groups() -> dict[int, str]:
     one its environment names), each with its launch's mark."""
     found = {}
     for folder in {*_servers, os.environ.get(WARM_SERVER, "")} - {""}:
-        for path in Path(folder, WARM_GROUPS).glob("[0-9]*"):
-            try:
-                found[int(path.name)] = path.read_text()
-            except (OSError, ValueError):
-                continue  # its group ended while we looked
+        found.update(_registered(folder))
+    return found
+
+
+def _registered(folder: str) -> dict[int, str]:
+    """The groups one server has registered, each with its launch's mark."""
+    found = {}
+    for path in Path(folder, WARM_GROUPS).glob("[0-9]*"):
+        try:
+            found[int(path.name)] = path.read_text()
+        except (OSError, ValueError):
+            continue  # its group ended while we looked
     return found
 
 
@@ -265,7 +272,7 @@ class WarmServer:
                                      env=server_env, stdin=subprocess.DEVNULL, start_new_session=True)
         _servers.append(self.folder)
         deadline = time.monotonic() + 30  # it listens at once, and answers once it has imported torch
-        while not Path(self.folder, "socket").exists() and self.proc.poll() is None and time.monotonic() < deadline:
+        while not Path(self.folder, WARM_SOCKET).exists() and self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
 
     @property
@@ -274,6 +281,13 @@ class WarmServer:
 
     def environment(self) -> dict[str, str]:
         return {WARM_SERVER: self.folder}
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request the server answered, in order: {"cold": why it said no, or None; "command": ...}."""
+        import json
+
+        log = Path(self.folder, WARM_LOG)
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     def stop(self) -> None:
         """Stop the server: every process it forked is killed, and its folder removed."""
@@ -286,7 +300,7 @@ class WarmServer:
             except subprocess.TimeoutExpired:
                 kill_group(self.proc.pid)
                 self.proc.wait()
-        for pgid in _warm_groups_of(self.folder):
+        for pgid in _registered(self.folder):
             kill_group(pgid)
         if self.folder in _servers:
             _servers.remove(self.folder)
@@ -306,7 +320,3 @@ def warm_environment() -> dict[str, str]:
         _shared[:] = [WarmServer()]
     return _shared[0].environment()
 
-
-def _warm_groups_of(folder: str) -> Iterator[int]:
-    for path in Path(folder, WARM_GROUPS).glob("[0-9]*"):
-        yield int(path.name)

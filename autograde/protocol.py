@@ -36,7 +36,9 @@ WARM_SPAWN = "DDP_LAB_WARM_SPAWN"
 # process it forks leads a process group of its own, registered in <folder>/groups/<group>, the file
 # holding the launch's mark (LAUNCH_MARK), while a process of the group is left.
 WARM_SERVER = "DDP_LAB_WARM_SERVER"
-WARM_GROUPS = "groups"
+# In a server's folder: its socket, the groups it registered, and a JSON line per request it answered
+# ({"cold": why or null, "command": the first arguments})
+WARM_SOCKET, WARM_GROUPS, WARM_LOG = "socket", "groups", "log"
 # In the environment of every process a launch starts, and of their children: the launch's mark
 # (marks of launches inside launches, joined with ":")
 LAUNCH_MARK = "DDP_LAB_LAUNCH"

@@ -7,7 +7,6 @@ import _posixsubprocess
 import collections
 import contextlib
 import importlib.util
-import json
 import multiprocessing.process
 import os
 import subprocess
@@ -289,8 +288,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _warm_starts() -> str:
     """How many of the session's traced Python processes started warm, and why the others did not."""
-    lines = [json.loads(line) for line in (Path(_WARM[0].folder) / "log").read_text().splitlines()] \
-        if _WARM and (Path(_WARM[0].folder) / "log").exists() else []
+    lines = _WARM[0].requests() if _WARM else []
     reasons = collections.Counter(line["cold"] for line in lines if line["cold"])
     said = "; ".join(f"{n} for {why}" for why, n in reasons.most_common(5))
     return f"{len(lines) - sum(reasons.values())} of {len(lines)} traced processes started warm" + \

@@ -87,16 +87,11 @@ def _run(tmp_path: Path, server: str, *args: str, **extra: str) -> processes.Res
     return processes.Result(proc.returncode, out, err, False, time.monotonic() - started, False)
 
 
-def _warm_requests(server: processes.WarmServer) -> list[dict[str, Any]]:
-    log = Path(server.folder) / "log"
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
 @pytest.mark.launch
 def test_a_warm_process_is_the_process_its_launcher_started(tmp_path: Path, server: processes.WarmServer) -> None:
     cases = [("program.py", "arg"), ("-m", "pkg.mod", "arg"), ("-u", "program.py", "raise"), ("program.py", "exit"),
              ("program.py", "kill"), ("-c", PROGRAM, "arg")]
-    before = len(_warm_requests(server))
+    before = len(server.requests())
     for args in cases:
         warm, cold = _run(tmp_path, server.folder, *args), _run(tmp_path, "off", *args)
         assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr), args
@@ -108,7 +103,7 @@ def test_a_warm_process_is_the_process_its_launcher_started(tmp_path: Path, serv
         '    raise ValueError("the program\'s own error")\nValueError: the program\'s own error\n')
     said = json.loads(_run(tmp_path, server.folder, "program.py").stdout.splitlines()[0])
     assert said["stdin"] == "hello" and said["colour"] == "green"
-    requests = _warm_requests(server)[before:]
+    requests = server.requests()[before:]
     assert len(requests) == len(cases) + 2 and not any(r["cold"] for r in requests), requests
 
 
@@ -243,11 +238,11 @@ def _both_ways(script: Path, runs: tuple[str, ...], monkeypatch: pytest.MonkeyPa
                          ids=["solution", "data_before_spawn", "trainer_class"])
 def test_warm_and_cold_runs_trace_the_same_events(script: Path, runs: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
                                                    server: processes.WarmServer) -> None:
-    before = len(_warm_requests(server))
+    before = len(server.requests())
     for name, (warm, cold) in _both_ways(script, runs, monkeypatch, server).items():
         assert len(warm) == len(cold), f"the {name} run: {len(warm)} processes warm, {len(cold)} cold"
         for w, c in zip(warm, cold):
             assert [e.get("ev") for e in w] == [e.get("ev") for e in c], name
             assert w == c, name
-    requests = _warm_requests(server)[before:]
+    requests = server.requests()[before:]
     assert requests and not any(r["cold"] for r in requests), [r for r in requests if r["cold"]]

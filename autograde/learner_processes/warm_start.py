@@ -38,9 +38,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autograde.protocol import LAUNCH_MARK, STARTUP, WARM_GROUPS, WARM_SERVER
+from autograde.protocol import LAUNCH_MARK, STARTUP, WARM_GROUPS, WARM_LOG, WARM_SERVER, WARM_SOCKET
 
-SOCKET, GROUPS, LOG = "socket", WARM_GROUPS, "log"  # in the server's folder
+SOCKET, GROUPS, LOG = WARM_SOCKET, WARM_GROUPS, WARM_LOG  # in the server's folder
 # Variables that Python, torch, torchvision and the libraries they load may read as they load: a
 # request whose environment differs from the server's in one of them starts cold (its value would
 # not be the one the server's modules were loaded with). The rest are read once a program runs.

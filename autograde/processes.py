@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from autograde.protocol import LAUNCH_MARK, WARM_GROUPS, WARM_LOG, WARM_SERVER, WARM_SOCKET
+from autograde.protocol import LAUNCH_MARK, STARTUP, WARM_GROUPS, WARM_LOG, WARM_SERVER, WARM_SOCKET
 
 PYTHON = sys.executable
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -232,7 +232,8 @@ def run(cmd: Sequence[str | Path], *, timeout: float, cwd: str | Path | None = N
 def torch_import_seconds() -> float:
     """One import of torch in a new interpreter, the median of three: the unit in which the course
     states what its checks and its test suite cost, whatever the machine (`make bench`, `make test`)."""
-    return sorted(run([PYTHON, "-c", "import torch"], timeout=120).seconds for _ in range(3))[1]
+    cold = {WARM_SERVER: "off"}  # whatever server this process's launches use
+    return sorted(run([PYTHON, "-c", "import torch"], timeout=120, env=cold).seconds for _ in range(3))[1]
 
 
 def run_in_terminal(cmd: Sequence[str | Path], *, cwd: str | Path | None = None,
@@ -267,7 +268,8 @@ class WarmServer:
 
         self.folder = tempfile.mkdtemp(prefix="ddp-lab-warm-")
         server_env = {k: v for k, v in child_env(env).items() if k not in (MARK, WARM_SERVER)}
-        server_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")]))
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP)]
+        server_env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO), *inherited])  # the server itself starts as it is
         self.proc = subprocess.Popen([PYTHON, "-m", "autograde.learner_processes.warm_start", self.folder, str(os.getpid())],
                                      env=server_env, stdin=subprocess.DEVNULL, start_new_session=True)
         _servers.append(self.folder)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograde import data, processes  # noqa: E402
 from autograde import protocol as formats  # noqa: E402
-from autograde.protocol import WARM_SERVER  # noqa: E402
+from autograde.protocol import STARTUP, WARM_SERVER  # noqa: E402
 
 SOLUTIONS = ROOT / "solutions"
 STARTER = ROOT / "fashion_mnist.py"
@@ -281,17 +281,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.get_closest_marker("launch") for item in session.items) and not session.config.option.collectonly:
         _COST["torch_import"] = processes.torch_import_seconds()
         _COST["start"] = time.monotonic()
-        if os.environ.get(WARM_SERVER) is None:  # one warm-start server for the whole run, every launch's
-            _WARM.append(processes.WarmServer())
-            os.environ.update(_WARM[0].environment())
+        # one thread per launched process, whether a test's launch goes through processes.child_env
+        # or not (which also lets the warm-start server serve them: it loaded torch with these)
+        os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        if os.environ.get(WARM_SERVER) is None:  # one warm-start server for the whole run, every launch's:
+            _WARM.append(processes.WarmServer())  # the course's start-up on every launch's path, traced or
+            os.environ.update(_WARM[0].environment())  # not, so that every Python process starts warm
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STARTUP), os.environ.get("PYTHONPATH")]))
 
 
 def _warm_starts() -> str:
-    """How many of the session's traced Python processes started warm, and why the others did not."""
+    """How many of the session's Python processes started warm, and why the others did not."""
     lines = _WARM[0].requests() if _WARM else []
     reasons = collections.Counter(line["cold"] for line in lines if line["cold"])
     said = "; ".join(f"{n} for {why}" for why, n in reasons.most_common(5))
-    return f"{len(lines) - sum(reasons.values())} of {len(lines)} traced processes started warm" + \
+    return f"{len(lines) - sum(reasons.values())} of {len(lines)} Python processes started warm" + \
         (f" (cold: {said})" if said else "")
 
 

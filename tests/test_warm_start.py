@@ -1,4 +1,4 @@
-"""Warm starts (autograde/learner_processes/warm_start.py): a traced Python process forked from a
+"""Warm starts (autograde/learner_processes/warm_start.py): a Python process, traced or not, forked from a
 server that has imported torch is the process that its launcher started, in everything a program
 can see (command line, folder, environment, sys.path, __main__, files, exit code, signals), and it
 traces the same events as a cold one: the lab's solution (the setup, workers and program runs) and
@@ -38,6 +38,7 @@ def fingerprint():
         "sigterm": repr(signal.getsignal(signal.SIGTERM)), "stdin": sys.stdin.read(),
         "stdout_buffered": type(sys.stdout.buffer).__name__, "line_buffering": sys.stdout.line_buffering,
         "torch_threads": torch.get_num_threads(), "fd3": os.path.exists("/proc/self/fd/3"),
+        "debug_level": str(torch.distributed.get_debug_level()),
         "session_leader": os.getsid(0) == os.getpid(),
     }
     print(json.dumps(said, sort_keys=True), flush=True)
@@ -66,19 +67,21 @@ def server() -> Iterator[processes.WarmServer]:
     made.stop()
 
 
-def _env(folder: Path, server: str, **extra: str) -> dict[str, str]:
+def _env(folder: Path | None, server: str, **extra: str) -> dict[str, str]:
+    """Traced into `folder`; untraced where it is None (as the test suite starts every Python process)."""
     path = os.pathsep.join([str(STARTUP), str(paths.REPO)])
-    return {"PYTHONPATH": path, TRACE_DIR: str(folder), WARM_SERVER: server, "DDP_LAB_COLOUR": "green", **extra}
+    traced = {TRACE_DIR: str(folder)} if folder else {}
+    return {"PYTHONPATH": path, **traced, WARM_SERVER: server, "DDP_LAB_COLOUR": "green", **extra}
 
 
-def _run(tmp_path: Path, server: str, *args: str, **extra: str) -> processes.Result:
-    """`python ARGS` in tmp_path/work, traced, with `hello` on its stdin, warm from `server` ("off": cold)."""
+def _run(tmp_path: Path, server: str, *args: str, traced: bool = True, **extra: str) -> processes.Result:
+    """`python ARGS` in tmp_path/work, with `hello` on its stdin, warm from `server` ("off": cold)."""
     work = tmp_path / "work"
     (work / "pkg").mkdir(parents=True, exist_ok=True)
     (work / "program.py").write_text(PROGRAM)
     (work / "pkg" / "mod.py").write_text(PROGRAM)
     (tmp_path / "traces").mkdir(exist_ok=True)
-    env = processes.child_env(_env(tmp_path / "traces", server, **extra))
+    env = processes.child_env(_env(tmp_path / "traces" if traced else None, server, **extra))
     proc = subprocess.Popen([processes.PYTHON, *args], cwd=work, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     started = time.monotonic()
@@ -96,6 +99,11 @@ def test_a_warm_process_is_the_process_its_launcher_started(tmp_path: Path, serv
         warm, cold = _run(tmp_path, server.folder, *args), _run(tmp_path, "off", *args)
         assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr), args
         assert cold.stdout.startswith("{"), cold.stderr
+    # an untraced process (the test suite's own launches) is the same process warm or cold too
+    untraced = [("program.py", "arg"), ("-m", "pkg.mod", "exit")]
+    for args in untraced:
+        warm, cold = _run(tmp_path, server.folder, *args, traced=False), _run(tmp_path, "off", *args, traced=False)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr), args
     raised = _run(tmp_path, server.folder, "program.py", "raise")
     line = PROGRAM.split("\n").index('    raise ValueError("the program\'s own error")') + 1
     assert raised.returncode == 1 and raised.stderr.endswith(  # as Python says it: no frame of the server's
@@ -104,7 +112,7 @@ def test_a_warm_process_is_the_process_its_launcher_started(tmp_path: Path, serv
     said = json.loads(_run(tmp_path, server.folder, "program.py").stdout.splitlines()[0])
     assert said["stdin"] == "hello" and said["colour"] == "green"
     requests = server.requests()[before:]
-    assert len(requests) == len(cases) + 2 and not any(r["cold"] for r in requests), requests
+    assert len(requests) == len(cases) + len(untraced) + 2 and not any(r["cold"] for r in requests), requests
 
 
 @pytest.mark.launch
@@ -113,6 +121,10 @@ def test_a_variable_that_torch_reads_as_it_loads_makes_a_cold_start(tmp_path: Pa
     assert result.returncode == 0
     assert re.search(r"warm start: a cold start: \$(OMP|MKL)_NUM_THREADS differs", result.stderr), result.stderr
     assert json.loads(result.stdout.splitlines()[0])["torch_threads"] == 2
+    # c10d's debug level is set from the environment as torch.distributed loads
+    result = _run(tmp_path, server.folder, "program.py", TORCH_DISTRIBUTED_DEBUG="DETAIL", DDP_LAB_WARM_DEBUG="1")
+    assert "warm start: a cold start: $TORCH_DISTRIBUTED_DEBUG differs" in result.stderr, result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["debug_level"] == "DebugLevel.DETAIL"
 
 
 def _wait(condition: Any, what: str, seconds: float = 20) -> None:

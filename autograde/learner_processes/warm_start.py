@@ -1,6 +1,7 @@
 """Warm starts: every Python process the checker launches (the learner's program, torchrun's agent
-and workers, SLURM's tasks, multiprocessing's own helpers) is forked from a server that has imported
-torch, torchvision and the tracer once, instead of importing them itself (about 3 s of CPU each).
+and workers, SLURM's tasks, multiprocessing's own helpers), and under pytest every Python process a
+test launches, is forked from a server that has imported torch, torchvision and the tracer once,
+instead of importing them itself (about 3 s of CPU each).
 
     python -m autograde.learner_processes.warm_start FOLDER OWNER_PID   (the server; the checker starts it)
 
@@ -16,9 +17,10 @@ Both halves run on the learner's side of the process boundary:
 - `serve()`: imports what every traced process imports, then forks a process per request. The
   forked process takes on the request's state, starts a session of its own (registered under the
   launch's mark in FOLDER/groups/, so the checker finds and stops it as one of the launch's), runs
-  the same start-up as a cold process (sitecustomize.py: tracing installed for its own trace folder)
-  and then the program, as `__main__`, imported afresh. A warm process whose stand-in dies is
-  killed; when the owner dies, or the server is told to stop, every process it forked is killed.
+  the same start-up as a cold process (the sitecustomize.py that asked: tracing installed for its
+  own trace folder, if it has one) and then the program, as `__main__`, imported afresh. A warm
+  process whose stand-in dies is killed; when the owner dies, or the server is told to stop, every
+  process it forked is killed.
 
 What a warm process shares with the server, and a cold one would not: the modules imported before
 it (what they read from the environment as they loaded comes from the server's, which is why a
@@ -49,9 +51,11 @@ AS_IT_LOADS = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "C
                "MALLOC_", "GLIBC_", "KINETO", "LOGLEVEL")
 # ... less these, read only once a program runs (by torch.distributed, the launchers, CUDA's set-up),
 # or set up again for the warm process (PYTHONPATH: its sys.path is sent whole; PYTHONUNBUFFERED: its
-# streams are made again)
+# streams are made again). Not TORCH_DISTRIBUTED_DEBUG: importing torch.distributed sets c10d's debug
+# level from it (set_debug_level_from_env), so a DETAIL run forked from a server without it would
+# check nothing.
 AT_RUN_TIME = ("PYTHONPATH", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "PYTORCH_NVML_BASED_CUDA_CHECK",
-               "TORCHELASTIC_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+               "TORCHELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 # Signals the stand-in passes on to the warm process's group, as a launcher's killpg reaches a cold one's
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # What the server imports before it forks: what a traced process imports (the tracer and each part's
@@ -168,6 +172,7 @@ def proxy() -> None:
         "affinity": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "encoding": [getattr(s, "encoding", None) for s in (sys.stdin, sys.stdout, sys.stderr)],
         "errors": [getattr(s, "errors", None) for s in (sys.stdin, sys.stdout, sys.stderr)],
+        "startup": getattr(sys.modules.get("sitecustomize"), "__file__", None) or str(STARTUP / "sitecustomize.py"),
     }
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -470,6 +475,8 @@ def _take_on(request: dict[str, Any]) -> None:
         sys.path.insert(0, "")
     _streams(request)
     random.seed()
+    if "multiprocessing.process" in sys.modules:  # a key of its own, as a cold process draws at import
+        sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
     tempfile.tempdir = None
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
@@ -514,7 +521,7 @@ def run(request: dict[str, Any]) -> None:
     import types
 
     _take_on(request)
-    runpy.run_path(str(STARTUP / "sitecustomize.py"))  # the tracing, as sitecustomize installs it cold
+    runpy.run_path(request["startup"])  # the start-up that asked (the tracing), as it runs in a cold process
     kind, target = request["kind"], request["target"]
     main = types.ModuleType("__main__")  # a new __main__: the server's own module is not the program's
     main.__dict__["__builtins__"] = sys.modules["builtins"]

@@ -12,8 +12,16 @@ script without changing it:
   third optimizer step (a crash in one rank);
 - with DDP_LAB_PROBE_FAKE_GPUS=n, torch.cuda claims n GPUs (for checks of the command line
   that happen before any GPU is used). This is the one thing the tracer does not do.
+
+Like the course's own start-up, it first asks the warm-start server named in the environment (if
+any) to run the process warm: the forked process runs this file again, as a file.
 """
 import os
+
+if __name__ == "sitecustomize" and os.environ.get("DDP_LAB_WARM_SERVER"):
+    from autograde.learner_processes import warm_start
+
+    warm_start.proxy()  # returns only where this process must start cold
 
 _probe_dir = os.environ.get("DDP_LAB_PROBE_DIR")
 if _probe_dir:

@@ -4,24 +4,27 @@ traced. First the core tracer, then what each part adds at its points (the lab's
 part talk's work counting, part scaling's step tracing, part launching's checkpoints and faults, in
 that order: a step is traced before a fault ends it). The tests' probe (tests/probe/) runs this file too.
 
-multiprocessing's resource tracker, which mp.spawn starts beside the learner's processes, runs no
-learner code: it is left untraced, and so spared an import of torch.
-
 Where the environment names a warm-start server (protocol.WARM_SERVER), the process first asks to
 be forked from it, torch imported (learner_processes/warm_start.py): the forked process runs this
-file again (as a file, not as sitecustomize) before the program, so that it installs the same."""
+file again (as a file, not as sitecustomize) before the program, so that it installs the same. The
+test suite puts this folder on every launch's PYTHONPATH, traced or not, so that all its Python
+processes start warm; without a trace folder this file does nothing more.
+
+multiprocessing's resource tracker, which mp.spawn starts beside the learner's processes, runs no
+learner code: it is left untraced and cold (it imports no torch)."""
 import os
 import sys
 
 from autograde.protocol import TRACE_DIR, WARM_SERVER
 
-if os.environ.get(TRACE_DIR) and "from multiprocessing.resource_tracker import main" not in " ".join(sys.orig_argv):
+if "from multiprocessing.resource_tracker import main" not in " ".join(sys.orig_argv):
     if __name__ == "sitecustomize" and os.environ.get(WARM_SERVER):
         from autograde.learner_processes import warm_start
 
         warm_start.proxy()  # returns only where this process must start cold
-    from autograde.learner_processes import lab, launching, scaling, talk, tracer
+    if os.environ.get(TRACE_DIR):
+        from autograde.learner_processes import lab, launching, scaling, talk, tracer
 
-    tracer.install(os.environ[TRACE_DIR])
-    for part in (lab, talk, scaling, launching):
-        part.install()
+        tracer.install(os.environ[TRACE_DIR])
+        for part in (lab, talk, scaling, launching):
+            part.install()

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -184,29 +186,51 @@ def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
     assert "1 grade cells restored with their hidden tests" in log.summary()
 
 
+LATER = [p.id for p in registry.PARTS if p.id != registry.LAB]
+
+
+def release_and_grade(folder: Path, part_id: str) -> Path:
+    """`make release PART=...`, every item's checkpoint copied into a learner's submission, `make grade PART=...`."""
+    part = registry.PART[part_id]
+    make("release", folder, 300, f"PART={part.id}")
+    submission = folder / "submitted" / "solved" / part.id
+    shutil.copytree(folder / "release" / part.id, submission)
+    for item in registry.ITEMS:
+        if item.part == part.id:
+            shutil.copy(ROOT / str(item.checkpoint), submission / item.file)
+    make("grade", folder, 1200, f"PART={part.id}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def later_parts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Path]]]:
+    """The later parts this session tests, each released and graded in a folder of its own, two at a
+    time: grading one runs its notebooks one after another, on about one core. Each test waits for
+    its own part, so none is left running once they have ended."""
+    wanted = [p for p in LATER if any(item.nodeid.endswith(f"test_a_later_part_is_an_assignment_of_its_own[{p}]")
+                                      for item in request.session.items)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {p: pool.submit(release_and_grade, tmp_path_factory.mktemp(f"part_{p}"), p) for p in wanted}
+        pool.shutdown(cancel_futures=True)  # after a failure with -x, nothing more is started
+
+
 @pytest.mark.launch
-@pytest.mark.parametrize("part_id", [p.id for p in registry.PARTS if p.id != registry.LAB])
-def test_a_later_part_is_an_assignment_of_its_own(tmp_path: Path, part_id: str) -> None:
+@pytest.mark.parametrize("part_id", LATER)
+def test_a_later_part_is_an_assignment_of_its_own(later_parts: dict[str, Future[Path]], part_id: str) -> None:
     """`make release PART=processes_talk` (or another later part) hands out that part's notebooks and
     files (not the lab's), and `make grade PART=...` gives solved exercises their points. Grading
     runs the graded notebooks top to bottom: no cell of them may raise (tests/test_notebooks.py
     leaves them to this test)."""
     part = registry.PART[part_id]
-    make("release", tmp_path, 300, f"PART={part.id}")
-    released = tmp_path / "release" / part.id
+    folder = later_parts[part_id].result()
+    released = folder / "release" / part.id
     assert sorted(p.stem for p in released.glob("*.ipynb")) == sorted(p.stem for p in (ROOT / "notebooks").glob(part.notebooks))
     for file in part.files:
         assert (released / file).read_text() == (ROOT / file).read_text(), file
     assert not (released / "fashion_mnist.py").exists()
-    folder = tmp_path / "submitted" / "solved" / part.id
-    shutil.copytree(released, folder)
-    for item in registry.ITEMS:
-        if item.part == part.id:
-            shutil.copy(ROOT / str(item.checkpoint), folder / item.file)
-    make("grade", tmp_path, 1200, f"PART={part.id}")
-    assert grading.grades(tmp_path / "grades.csv", part.id) == {
+    assert grading.grades(folder / "grades.csv", part.id) == {
         "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}
-    executed = sorted((tmp_path / "autograded" / "solved" / part.id).glob("*.ipynb"))
+    executed = sorted((folder / "autograded" / "solved" / part.id).glob("*.ipynb"))
     assert [nb.stem for nb in executed] == sorted(part.graded_notebooks)
     for notebook in executed:
         code = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]

@@ -89,6 +89,7 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
     if any(registry.item(step).runs for step in wanted):
         processes.warm_environment()  # the warm-start server imports torch while the workspace is made
     with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
+        ws.make_lab_runs({family for step in wanted for family in registry.item(step).runs})
         for step in wanted:
             known[step] = judge.check(ws, step)
         file = registry.item(wanted[0]).file

@@ -40,6 +40,7 @@ import pytest
 
 from autograde import data, processes
 from autograde.course.hub import limits, settings
+from autograde.protocol import WARM_SERVER
 from conftest import ROOT, Slurm
 from test_browser import (CHROMIUM_FLAGS, VENV, VIEWPORT, Steps, cell, chromium, http_get,  # noqa: F401
                           kernel_ready, make_env, menu_command, menu_items, open_in_file_browser, run_cell, tab,
@@ -193,7 +194,10 @@ class ClassHub:
         command = ["make", "--no-print-directory", "hub", f"CLASS={class_file}", f"VENV={VENV}",
                    "-o", f"{VENV}/.installed", "-o", f"{VENV}/.jupyter-config"]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, env=make_env(os.environ), stdin=subprocess.DEVNULL,
+            # the hub, a root service that imports no torch, starts cold: it runs its own process tree
+            # (its proxy, the learners' servers as their users), which stopping it must end as a class's would
+            hub_env = make_env(os.environ) | {WARM_SERVER: "off"}
+            self.proc = subprocess.Popen(command, cwd=ROOT, env=hub_env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + HUB_TIMEOUT
         while self.get("/hub/api/")[0] != 200:

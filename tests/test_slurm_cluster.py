@@ -81,7 +81,9 @@ def test_the_job_runner_cancels_its_job_when_stopped(slurm: Slurm, tmp_path: Pat
     result = processes.finish(proc, timeout=40)
     assert started, result.output
     assert result.returncode == 128 + signal.SIGTERM, result.output
-    assert _none_left("exec sleep 300", "sleep 300"), "a task outlived its cancelled job"
+    queue = lambda: subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True,  # noqa: E731
+                                   env={**os.environ, **slurm.env}, timeout=30).stdout
+    assert _none_left("exec sleep 300", "sleep 300"), f"a task outlived its cancelled job; squeue: {queue()!r}"
 
 
 def _none_left(*commands: str, seconds: float = 20) -> bool:

@@ -251,159 +251,198 @@ class _Child:
         self.pid, self.conn, self.stand_in = pid, conn, stand_in
 
 
-def serve(folder: Path, owner: int) -> dict[str, Any] | None:
-    """Serve until the owner dies or SIGTERM; in a forked process, return its request (to be run)."""
-    import selectors
-    import time
+class _Server:
+    """The server: its socket, the processes it forked (by pid, with their stand-ins' pidfds), and the
+    groups of those that have exited while a process of theirs may be left."""
 
-    base = dict(os.environ)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(folder / (SOCKET + ".new")))
-    listener.listen(64)
-    os.rename(folder / (SOCKET + ".new"), folder / SOCKET)  # requests wait in the backlog while we import
-    (folder / GROUPS).mkdir(exist_ok=True)
-    for name in PRELOAD:
-        __import__(name)
-    import gc
+    def __init__(self, folder: Path, owner: int) -> None:
+        import selectors
 
-    gc.freeze()  # the forked processes leave the modules imported here out of their collections
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C is the owner's to handle
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "listener")
-    selector.register(wake_r, selectors.EVENT_READ, "wake")
-    owner_fd = os.pidfd_open(owner)
-    selector.register(owner_fd, selectors.EVENT_READ, "owner")
-    children: dict[int, _Child] = {}
-    ended: set[int] = set()  # groups of children that have exited: registered while a process is left in them
+        self.folder, self.base = folder, dict(os.environ)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(folder / (SOCKET + ".new")))
+        self.listener.listen(64)
+        os.rename(folder / (SOCKET + ".new"), folder / SOCKET)  # requests wait in the backlog while we import
+        (folder / GROUPS).mkdir(exist_ok=True)
+        for name in PRELOAD:
+            __import__(name)
+        import gc
 
-    def close_all() -> None:
-        for fd in (listener.fileno(), wake_r, wake_w, owner_fd):
+        gc.freeze()  # the forked processes leave the modules imported here out of their collections
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C is the owner's to handle
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "listener")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.owner_fd = os.pidfd_open(owner)
+        self.selector.register(self.owner_fd, selectors.EVENT_READ, "owner")
+        self.children: dict[int, _Child] = {}
+        self.ended: set[int] = set()  # groups of children that have exited: registered while a process is left in them
+
+    def _stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def serve(self) -> dict[str, Any] | None:
+        """Serve until the owner dies, SIGTERM or IDLE_SECONDS without a process; in a forked process,
+        return its request (to be run)."""
+        import time
+
+        idle_since = time.monotonic()
+        while not self.stopping:
+            if self.children or self.ended:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_SECONDS:
+                break
+            for key, _ in self.selector.select(timeout=0.5):
+                if key.data == "owner":
+                    self.stopping = True
+                elif key.data == "wake":
+                    self._reap()
+                elif key.data == "listener":
+                    request = self._accept()
+                    if request is not None:
+                        return request  # this is the forked process
+                else:  # ("stand_in", pid)
+                    self._stand_in_died(key.data[1])
+            self._forget_ended_groups()
+        self._shut_down()
+        return None
+
+    def _reap(self) -> None:
+        """Tell the stand-in of every forked process that has exited how it ended."""
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            try:
+                _send(child.conn, {"exit": os.waitstatus_to_exitcode(status)})
+            except OSError:
+                pass
+            child.conn.close()
+            if child.stand_in is not None:
+                self.selector.unregister(child.stand_in)
+                os.close(child.stand_in)
+            self.ended.add(pid)
+
+    def _accept(self) -> dict[str, Any] | None:
+        """Answer one request: cold (and why), or a process forked for it. Returns the request in
+        that forked process, None in the server."""
+        import selectors
+
+        conn, _ = self.listener.accept()
+        conn.settimeout(10)
+        try:
+            request, fds = _receive(conn)
+        except (OSError, ValueError):
+            conn.close()
+            return None
+        stand_in = None
+        try:
+            reason = _cold_reason(request, self.base)
+            if reason is None:
+                stand_in = os.pidfd_open(request["pid"])
+        except Exception as err:  # noqa: BLE001 (a request it cannot read is a cold start, never the server's end)
+            reason = f"the request could not be read ({type(err).__name__}: {err})"
+        _log(self.folder, request, reason)
+        if reason is not None or stand_in is None:
+            for fd in fds:
+                os.close(fd)
+            try:
+                _send(conn, {"cold": reason})
+            except OSError:
+                pass
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:  # the process that runs the request keeps none of the server's files
+            for child in self.children.values():
+                child.conn.close()
+                if child.stand_in is not None:
+                    os.close(child.stand_in)
+            self._close_all()
+            conn.close()
+            os.close(stand_in)
+            request["received"] = fds
+            return request
+        for fd in fds:
+            os.close(fd)
+        mark = request["environ"].get(LAUNCH_MARK)
+        if mark:
+            (self.folder / GROUPS / str(pid)).write_text(mark)
+        conn.settimeout(None)
+        self.children[pid] = _Child(pid, conn, stand_in)
+        self.selector.register(stand_in, selectors.EVENT_READ, ("stand_in", pid))
+        try:
+            _send(conn, {"pid": pid})
+        except OSError:
+            pass
+        return None
+
+    def _stand_in_died(self, pid: int) -> None:
+        """The stand-in of `pid` died, so must the warm process (and its group)."""
+        child = self.children.get(pid)
+        if child is not None and child.stand_in is not None:
+            self.selector.unregister(child.stand_in)
+            os.close(child.stand_in)
+            child.stand_in = None
+            _kill_group(child.pid)
+
+    def _forget_ended_groups(self) -> None:
+        """A group's registration goes when its last process has gone."""
+        for pgid in list(self.ended):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                self.ended.discard(pgid)
+                (self.folder / GROUPS / str(pgid)).unlink(missing_ok=True)
+            except PermissionError:
+                pass
+
+    def _close_all(self) -> None:
+        for fd in (self.listener.fileno(), self.wake_r, self.wake_w, self.owner_fd):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        selector.close()
+        self.selector.close()
 
-    idle_since = time.monotonic()
-    while not stopping:
-        if children or ended:
-            idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > IDLE_SECONDS:
-            break
-        for key, _ in selector.select(timeout=0.5):
-            what = key.data
-            if what == "owner":
-                stopping.append(1)
-            elif what == "wake":
-                try:
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                while True:
-                    try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if not pid:
-                        break
-                    child = children.pop(pid, None)
-                    if child is not None:
-                        with_code = os.waitstatus_to_exitcode(status)
-                        try:
-                            _send(child.conn, {"exit": with_code})
-                        except OSError:
-                            pass
-                        child.conn.close()
-                        if child.stand_in is not None:
-                            selector.unregister(child.stand_in)
-                            os.close(child.stand_in)
-                        ended.add(pid)
-            elif what == "listener":
-                conn, _ = listener.accept()
-                conn.settimeout(10)
-                try:
-                    request, fds = _receive(conn)
-                except (OSError, ValueError):
-                    conn.close()
-                    continue
-                stand_in = None
-                try:
-                    reason = _cold_reason(request, base)
-                    if reason is None:
-                        stand_in = os.pidfd_open(request["pid"])
-                except Exception as err:  # noqa: BLE001 (a request it cannot read is a cold start, never the server's end)
-                    reason = f"the request could not be read ({type(err).__name__}: {err})"
-                _log(folder, request, reason)
-                if reason is not None:
-                    for fd in fds:
-                        os.close(fd)
-                    try:
-                        _send(conn, {"cold": reason})
-                    except OSError:
-                        pass
-                    conn.close()
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    for child in children.values():
-                        child.conn.close()
-                        if child.stand_in is not None:
-                            os.close(child.stand_in)
-                    close_all()
-                    conn.close()
-                    assert stand_in is not None
-                    os.close(stand_in)
-                    request["received"] = fds
-                    return request
-                for fd in fds:
-                    os.close(fd)
-                mark = request["environ"].get(LAUNCH_MARK)
-                if mark:
-                    (folder / GROUPS / str(pid)).write_text(mark)
-                conn.settimeout(None)
-                assert stand_in is not None
-                children[pid] = _Child(pid, conn, stand_in)
-                selector.register(stand_in, selectors.EVENT_READ, ("stand_in", pid))
-                try:
-                    _send(conn, {"pid": pid})
-                except OSError:
-                    pass
-            else:  # ("stand_in", pid): the stand-in died, so must its warm process
-                child = children.get(what[1])
-                if child is not None and child.stand_in is not None:
-                    selector.unregister(child.stand_in)
-                    os.close(child.stand_in)
-                    child.stand_in = None
-                    _kill_group(child.pid)
-        for pgid in list(ended):  # a group's registration goes when its last process has gone
+    def _shut_down(self) -> None:
+        """Every process forked killed, with its group; the server's folder removed."""
+        import shutil
+        import time
+
+        for pid in list(self.children) + list(self.ended):
+            _kill_group(pid)
+        deadline = time.monotonic() + 5
+        while self.children and time.monotonic() < deadline:
             try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                ended.discard(pgid)
-                (folder / GROUPS / str(pgid)).unlink(missing_ok=True)
-            except PermissionError:
-                pass
-    for pid in list(children) + list(ended):
-        _kill_group(pid)
-    deadline = time.monotonic() + 5
-    while children and time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        children.pop(pid, None)
-    close_all()
-    import shutil
+                pid, _ = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            self.children.pop(pid, None)
+        self._close_all()
+        shutil.rmtree(self.folder, ignore_errors=True)  # nothing of the server is left, whoever stopped it
 
-    shutil.rmtree(folder, ignore_errors=True)  # nothing of the server is left, whoever stopped it
-    return None
+
+def serve(folder: Path, owner: int) -> dict[str, Any] | None:
+    """Serve until the owner dies or SIGTERM; in a forked process, return its request (to be run)."""
+    return _Server(folder, owner).serve()
 
 
 def _log(folder: Path, request: dict[str, Any], reason: str | None) -> None:

@@ -296,9 +296,13 @@ def run_job(sbatch_args: list[str], poll: float = 0.2) -> int:
         print(f"Submitted batch job {job}", flush=True)
         stopped: list[int] = []
 
+        asked = 0.0  # when the job was last asked to end
+
         def stop(signum: int, frame: object) -> None:
+            nonlocal asked
             if not stopped:
                 stopped.append(signum)
+                asked = time.monotonic()
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)
 
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -315,9 +319,13 @@ def run_job(sbatch_args: list[str], poll: float = 0.2) -> int:
                 if not fields or fields.get("JobState", "").split("+")[0] in DONE:
                     break
                 if stopped:  # cancelled: give it KillWait and a little more to end
-                    deadline = deadline or time.monotonic() + DOWN_SECONDS
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    deadline = deadline or now + DOWN_SECONDS
+                    if now > deadline:
                         break
+                    if now > asked + 5:  # a busy controller may have dropped the request: ask again
+                        asked = now
+                        subprocess.run(["scancel", job], capture_output=True, timeout=30)
                 time.sleep(poll)
             if output.exists():  # the last lines, written as the job ended
                 sys.stdout.write(output.read_bytes()[shown:].decode(errors="replace"))

@@ -259,7 +259,8 @@ _servers: list[str] = []  # the folders of the warm-start servers this process s
 class WarmServer:
     """A warm-start server (autograde/learner_processes/warm_start.py), owned by this process: it
     stops when `stop` is called or this process dies, and nothing it forked outlives it. Every
-    traced Python process whose environment carries `env` (from `environment()`) is forked from it."""
+    Python process whose environment carries `environment()` and whose path holds the course's
+    start-up folder (protocol.STARTUP) asks to be forked from it."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         import tempfile

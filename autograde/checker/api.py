@@ -86,10 +86,11 @@ def _judge(path: Path, wanted: list[str], procs_per_node: int, nodes: int, gpus:
     the runs that ended for a reason outside the script (by name, with the reason). The runs are
     recorded in `record` when none ended for such a reason."""
     known: dict[str, Result] = {}
-    if any(registry.item(step).runs for step in wanted):
+    families = {family for step in wanted for family in registry.item(step).runs}
+    if families:
         processes.warm_environment()  # the warm-start server imports torch while the workspace is made
     with Workspace(path, procs_per_node, nodes, gpus=gpus, say=say) as ws:
-        ws.make_lab_runs({family for step in wanted for family in registry.item(step).runs})
+        ws.make_lab_runs(families)
         for step in wanted:
             known[step] = judge.check(ws, step)
         file = registry.item(wanted[0]).file

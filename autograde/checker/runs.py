@@ -341,8 +341,8 @@ class Workspace:
         independent: the setup run (whose options the program and two-node runs pass on) beside the
         workers run, then the program run beside the two-node run. A lab check alone makes its runs
         one after another; `check --all`, or a grade, reads all four."""
-        needs_setup = bool(families & {Family.SETUP, Family.PROGRAM, Family.TWO_NODES})
-        first = [Family.SETUP] * needs_setup + [f for f in (Family.WORKERS,) if f in families]
+        first = ([Family.SETUP] if families & {Family.SETUP, Family.PROGRAM, Family.TWO_NODES} else []) + \
+            ([Family.WORKERS] if Family.WORKERS in families else [])
         then = [f for f in (Family.PROGRAM, Family.TWO_NODES) if f in families]
         for together in (first, then):
             self.at_once(*(functools.partial(getattr, self, str(f)) for f in together))

@@ -25,7 +25,6 @@ Like the other checks, it reads behaviour, never names or wording.
 from __future__ import annotations
 
 import functools
-
 import json
 import shlex
 from contextlib import contextmanager

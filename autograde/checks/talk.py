@@ -9,7 +9,6 @@ messages traced. Like the lab's checks, they read behaviour, never names or word
 from __future__ import annotations
 
 import functools
-
 import math
 import re
 from collections import Counter

@@ -298,12 +298,15 @@ def run_job(sbatch_args: list[str], poll: float = 0.2) -> int:
 
         asked = 0.0  # when the job was last asked to end
 
-        def stop(signum: int, frame: object) -> None:
+        def cancel() -> None:
             nonlocal asked
+            asked = time.monotonic()
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+        def stop(signum: int, frame: object) -> None:
             if not stopped:
                 stopped.append(signum)
-                asked = time.monotonic()
-                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+                cancel()
 
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
         shown = 0
@@ -324,8 +327,7 @@ def run_job(sbatch_args: list[str], poll: float = 0.2) -> int:
                     if now > deadline:
                         break
                     if now > asked + 5:  # a busy controller may have dropped the request: ask again
-                        asked = now
-                        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+                        cancel()
                 time.sleep(poll)
             if output.exists():  # the last lines, written as the job ended
                 sys.stdout.write(output.read_bytes()[shown:].decode(errors="replace"))

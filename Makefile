@@ -65,10 +65,11 @@ lab: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)" \
 		$(LAB_ARGS) notebooks/00_welcome.ipynb
 
-# mypy, on the package and on the tests' own modules (the test files themselves are not typed
-# throughout yet).
+# ruff on the package and every test (ruff.toml: imports sorted and used, names defined), then mypy
+# on the package and on the tests' own modules (the test files themselves are not typed throughout yet).
 TYPED_TESTS := tests/conftest.py tests/record_runs.py tests/mistakes.py tests/exercise_styles.py
 lint: setup
+	$(PY) -m ruff check autograde tests
 	$(PY) -m mypy --ignore-missing-imports autograde $(TYPED_TESTS)
 
 test: lint
@@ -80,7 +81,7 @@ test-fast: setup
 	$(PY) -m pytest -m "not launch"
 
 test-notebooks: setup
-	$(PY) -m pytest tests/test_notebooks.py
+	$(PY) -m pytest tests/notebooks/test_notebooks.py
 
 run: setup
 	$(PY) -m autograde.tools.run --data-dir $(DATA_DIR) --synthetic-dir $(SYNTHETIC_DIR) -- $(ARGS)
@@ -102,14 +103,14 @@ bench: setup
 gpu-check: $(if $(findstring $(VENV)/,$(PY)),setup)
 	$(PY) -m autograde.tools.gpu_check $(GPU_CHECK_ARGS)
 
-# A real SLURM (Debian's packages, installed where missing) with emulated nodes: autograde/tools/slurm_cluster.py
+# A real SLURM (Debian's packages, installed where missing) with emulated nodes: autograde/cluster/slurm.py
 SLURM_FOLDER ?= /tmp/ddp-lab-slurm
 .PHONY: slurm-up slurm-down
 slurm-up: setup
-	$(PY) -m autograde.tools.slurm_cluster up --folder $(SLURM_FOLDER)
+	$(PY) -m autograde.cluster.slurm up --folder $(SLURM_FOLDER)
 
 slurm-down: setup
-	$(PY) -m autograde.tools.slurm_cluster down --folder $(SLURM_FOLDER)
+	$(PY) -m autograde.cluster.slurm down --folder $(SLURM_FOLDER)
 
 # A class on JupyterHub (deploy/jupyterhub/, docs/instructors.md), run as root. JupyterHub's proxy,
 # configurable-http-proxy, comes from the npm registry into the environment (Node.js: apt-get install

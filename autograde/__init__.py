@@ -20,5 +20,5 @@ __all__ = ["assert_step", "check_steps", "progress", "CheckFailed"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("autograde.checker.api"), name)
+        return getattr(importlib.import_module(f"{__name__}.grading.api"), name)
     raise AttributeError(f"module 'autograde' has no attribute {name!r}")

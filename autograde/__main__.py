@@ -12,14 +12,15 @@ import json
 import sys
 from dataclasses import asdict
 
-from autograde.checker import api
-from autograde import registry
+from autograde.grading import api, registry
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde", description="Check the DDP Lab's steps.")
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="check steps of the learner's script")
     check.add_argument("--step", action="extend", nargs="+", default=[], metavar="S",
-                       help=f"steps to check, out of: {' '.join(registry.STEPS)}")
+                       help=f"steps to check, out of: {' '.join(registry.IDS)}")
     check.add_argument("--all", action="store_true", help="check every step (the default without --step)")
     check.add_argument("--script", help="the script to check (default: fashion_mnist.py here or in ..)")
     check.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -25,9 +25,10 @@ from torchvision.transforms import ToTensor
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autograde import data, processes  # noqa: E402
-from autograde import protocol as formats  # noqa: E402
-from autograde.protocol import STARTUP, WARM_SERVER  # noqa: E402
+from autograde import data
+from autograde import protocol as formats
+from autograde.engine import processes
+from autograde.settings import STARTUP, WARM_SERVER
 
 SOLUTIONS = ROOT / "solutions"
 STARTER = ROOT / "fashion_mnist.py"
@@ -107,7 +108,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def fresh_verdicts(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Check verdicts are cached on disk (autograde/checker/cache.py): every test session starts empty,
+    """Check verdicts are cached on disk (autograde/grading/cache.py): every test session starts empty,
     so that no verdict comes from an earlier session's runs."""
     os.environ["DDP_LAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("verdicts"))
 
@@ -127,6 +128,16 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stand_in")
     data.write_synthetic(root, TRAIN_SIZE, VAL_SIZE, seed=3)
     return root
+
+
+@pytest.fixture
+def probe(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """The test module's PROBE (a launcher's $TRAIN_SCRIPT that writes down what each process was
+    given) as a file, with an empty folder `out` beside it for what it writes."""
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "probe.py"
+    path.write_text(request.module.PROBE)
+    return path
 
 
 def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
@@ -203,7 +214,7 @@ def assert_clean_error(result: processes.Result, *words: str) -> None:
 
 class Slurm:
     """A SLURM for the session's tests: the system's where sbatch has one, else the course's cluster
-    (autograde/tools/slurm_cluster.py, 2 emulated nodes n1 and n2), reused where it is already up
+    (autograde/cluster/slurm.py, 2 emulated nodes n1 and n2), reused where it is already up
     and otherwise brought up on first use (again after a test brought it down). `env` is what
     sbatch, srun and the course's `job` runner need to reach it."""
 
@@ -212,7 +223,7 @@ class Slurm:
 
     @property
     def env(self) -> dict[str, str]:
-        from autograde.tools import slurm_cluster
+        from autograde.cluster import slurm as slurm_cluster
 
         if slurm_cluster.system_slurm():
             return {}
@@ -228,7 +239,7 @@ class Slurm:
     def job(self, *args: str | Path, env: Mapping[str, str] | None = None, timeout: float = 120,
             cwd: Path = ROOT) -> processes.Result:
         """`sbatch ARGS` to the end of its job (the course's `job` runner): the job's output, its exit status."""
-        return processes.run([processes.PYTHON, "-m", "autograde.tools.slurm_cluster", "job", *args],
+        return processes.run([processes.PYTHON, "-m", "autograde.cluster.slurm", "job", *args],
                              timeout=timeout, cwd=cwd, env={**self.env, **(env or {})})
 
 
@@ -243,7 +254,7 @@ def slurm() -> Slurm:
 
 
 def _course_cluster_running() -> bool:
-    from autograde.tools import slurm_cluster
+    from autograde.cluster import slurm as slurm_cluster
 
     return slurm_cluster.running() is not None
 
@@ -256,7 +267,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     whose `launch` guard would refuse the commands that stop it), leaving no daemon behind: the one
     the tests brought up, or one a notebook or a check brought up and, failing, left running."""
     if _SLURM.started or (not _CLUSTER_BEFORE and _course_cluster_running()):
-        from autograde.tools import slurm_cluster
+        from autograde.cluster import slurm as slurm_cluster
 
         slurm_cluster.down()
 

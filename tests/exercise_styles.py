@@ -1,5 +1,5 @@
 """Correct exercise files written the ways learners write them (tests/styles/exercises/): each
-must pass its exercise's check (tests/test_checks_recorded.py replays their recorded runs;
+must pass its exercise's check (tests/core/test_checks_recorded.py replays their recorded runs;
 .venv/bin/python tests/record_runs.py records them).
 
 A style file either is a whole program (it has its own `__main__` block), or holds the
@@ -14,7 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from autograde import paths, registry
+from autograde import settings
+from autograde.grading import registry
 
 STYLES = sorted(path for suffix in ("*.py", "*.sbatch")  # .sbatch: a whole batch script (slurm_job)
                 for path in (Path(__file__).resolve().parent / "styles" / "exercises").glob(suffix))
@@ -36,7 +37,7 @@ def learner_file(style: Path) -> str:
         return text
     names = [name.strip() for name in first.removeprefix("# replaces: ").split(",")]
     item = registry.item(item_of(style))
-    solution = (paths.REPO / str(item.checkpoint)).read_text()
+    solution = (settings.REPO / str(item.checkpoint)).read_text()
     nodes = sorted((n for n in ast.parse(solution).body
                     if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names)
                     or (isinstance(n, ast.Assign) and len(n.targets) == 1

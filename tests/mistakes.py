@@ -158,7 +158,7 @@ ORIGINAL_LAB_MISTAKES = [replace(m, edits=ORIGINAL_LAB_EDITS[m.name]) for m in M
 
 
 # The exercises' typical mistakes, each made in the exercise's solution (solutions/<file>.py, the
-# checkpoint autograde/registry.py names). Recorded real runs, replayed in tests/test_checks_recorded.py.
+# checkpoint autograde/grading/registry.py names). Recorded real runs, replayed in tests/core/test_checks_recorded.py.
 PI_SHARE = ("    start = rank * intervals // world_size\n    stop = (rank + 1) * intervals // world_size\n")
 RING_EXCHANGE = ("    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send_chunk.contiguous(), right),\n"
                  "                                       dist.P2POp(dist.irecv, recv_chunk, left)])\n"

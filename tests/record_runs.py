@@ -25,18 +25,19 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(1, str(HERE.parent))  # the package, where .venv does not name it (a fresh clone)
 
-import exercise_styles  # noqa: E402
-import mistakes as catalogue  # noqa: E402
-from autograde import paths, registry  # noqa: E402
+import exercise_styles
+import mistakes as catalogue
+
+from autograde import settings
 from autograde.course import assignment
-from autograde.checker import judge  # noqa: E402
-from autograde.checker.runs import Workspace  # noqa: E402
+from autograde.engine.workspace import Workspace
+from autograde.grading import judge, registry
 
 OUT = HERE / "recorded"
 COMMAND = ".venv/bin/python tests/record_runs.py"  # from the repository's root, as the tests' messages say
-LAB_STEPS = registry.LAB_STEPS
-GRADED = [i.id for i in registry.ITEMS if i.graded and i.part == registry.LAB]
-EXERCISES = [i for i in registry.ITEMS if i.part != registry.LAB and not i.needs_gpu]  # GPU-only: n/a here
+LAB_STEPS = registry.FIRST_ITEMS
+GRADED = [i.id for i in registry.ITEMS if i.graded and i.part == registry.FIRST]
+EXERCISES = [i for i in registry.ITEMS if i.part != registry.FIRST and not i.needs_gpu]  # GPU-only: n/a here
 
 
 STYLES = HERE / "styles"
@@ -47,16 +48,16 @@ def mistakes() -> dict[str, tuple[catalogue.Mistake, Path]]:
     """Every catalogued mistake by recording name, with the correct file it is made in: the
     lab's in the course's solution (its own name) and in the original lab's style ("original_" +
     name), an exercise's in the exercise's solution."""
-    return {**{m.name: (m, paths.SOLUTION) for m in catalogue.MISTAKES},
+    return {**{m.name: (m, settings.SOLUTION) for m in catalogue.MISTAKES},
             **{f"original_{m.name}": (m, ORIGINAL_LAB) for m in catalogue.ORIGINAL_LAB_MISTAKES},
-            **{m.name: (m, paths.REPO / str(registry.item(m.step).checkpoint)) for m in catalogue.EXERCISE_MISTAKES}}
+            **{m.name: (m, settings.REPO / str(registry.item(m.step).checkpoint)) for m in catalogue.EXERCISE_MISTAKES}}
 
 
 def exercise_files() -> dict[str, tuple[Path, str]]:
     """Each exercise's TODO file ("<item>_exercise": it fails) and solution ("<item>_solution":
     it passes), with the item."""
-    return {**{f"{i.id}_exercise": (paths.REPO / i.file, i.id) for i in EXERCISES},
-            **{f"{i.id}_solution": (paths.REPO / str(i.checkpoint), i.id) for i in EXERCISES}}
+    return {**{f"{i.id}_exercise": (settings.REPO / i.file, i.id) for i in EXERCISES},
+            **{f"{i.id}_solution": (settings.REPO / str(i.checkpoint), i.id) for i in EXERCISES}}
 
 
 def styles() -> dict[str, tuple[str, str]]:
@@ -69,7 +70,7 @@ def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
     """Each correct lab script in another style (tests/styles/*.py), with the items its recording
     checks and the layout (processes per node, nodes): "lab_style_<name>", every step in the
     default layout; "lab_style_<name>_<nodes>x<procs>", the steps the graders' hidden tests check
-    in that layout (each item's `hidden` layouts in autograde/registry.py)."""
+    in that layout (each item's `hidden` layouts in autograde/grading/registry.py)."""
     found: dict[str, tuple[Path, list[str], int, int]] = {}
     for path in sorted(STYLES.glob("*.py")):
         found[f"lab_style_{path.stem}"] = (path, LAB_STEPS, 2, 2)
@@ -80,8 +81,8 @@ def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
 
 def lab_files() -> dict[str, Path]:
     """The starter and the checkpoints by name: each passes its steps and fails the next."""
-    return {"starter": paths.STARTER, **{f"after_step_{n}": paths.SOLUTIONS / f"fashion_mnist_after_step_{n}.py"
-                                         for n in range(10)}, "solution": paths.SOLUTION}
+    return {"starter": settings.STARTER, **{f"after_step_{n}": settings.SOLUTIONS / f"fashion_mnist_after_step_{n}.py"
+                                         for n in range(10)}, "solution": settings.SOLUTION}
 
 
 def names() -> list[str]:
@@ -110,7 +111,7 @@ def record(name: str, script: Path, steps: list[str], procs_per_node: int = 2, n
         verdicts = [judge.check(ws, step) for step in steps]
         out = OUT / f"{name}.json.gz"
         ws.save(out)
-    print(f"{name}: " + ", ".join(f"{v.step} {v.status}" for v in verdicts) + f" -> {out.relative_to(paths.REPO)}")
+    print(f"{name}: " + ", ".join(f"{v.step} {v.status}" for v in verdicts) + f" -> {out.relative_to(settings.REPO)}")
     return out
 
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 mistake, correct = made_in[name]
                 script = Path(tmp) / f"fashion_mnist{Path(registry.item(mistake.step).file).suffix}"
                 script.write_text(mistake.apply(correct.read_text()))
-                record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.STEPS.index))
+                record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.IDS.index))
     return 0
 
 

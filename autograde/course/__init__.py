@@ -4,7 +4,7 @@ exchange targets hand it out and back on a shared machine (a JupyterHub).
 One source of truth: the source assignment (source/<part>/) is built afresh every time from a
 commit (HEAD unless told otherwise): its notebooks/ and the learner's files its items read,
 never from a working copy an instructor may have tried the lab in. The graders' hidden tests live
-in autograde/registry.py (each item's `hidden`), not in notebooks/ (which learners of the
+in autograde/grading/registry.py (each item's `hidden`), not in notebooks/ (which learners of the
 repository run): the release writes them into the grade cells of source/ only, and nbgrader
 writes the student version (release/<part>/) without them. Grading autogrades the graded
 notebooks of every submission in submitted/<student>/<part>/, writes feedback, exports grades.csv
@@ -19,7 +19,7 @@ quick mode (DDP_LAB_QUICK=1): the training runs of the ungraded cells are tiny, 
     python -m autograde.course grade [--part PART]
     python -m autograde.course release-exchange|collect|return-feedback [--exchange DIR] [--part PART] [-- NBGRADER_ARGS]
 
-PART is a part of the course (autograde/registry.py's PARTS), each an assignment of its own:
+PART is a part of the course (autograde/grading/registry.py's PARTS), each an assignment of its own:
 ddp_lab (the default), processes_talk, launching, scaling, inside_ddp or optimizers.
 
 Modules: `assignment.py` builds a part's source assignment from a commit, with the hidden tests;

@@ -1,23 +1,23 @@
 """The source assignment of a part, built afresh from a commit (HEAD unless told otherwise): its
 notebooks/, and the learner's files its items read, never from a working copy an instructor may
 have tried the lab in; the graders' hidden tests (each item's `hidden` layouts in
-autograde/registry.py) written into its grade cells only. Also where the course's folders are.
+autograde/grading/registry.py) written into its grade cells only. Also where the course's folders are.
 """
 from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograde import processes, registry
-from autograde.paths import REPO
-from autograde.registry import Layout
+from autograde import settings
+from autograde.engine import processes
+from autograde.grading import registry
+from autograde.grading.registry import Layout
+from autograde.settings import REPO
 
 HERE = Path(__file__).resolve().parent  # nbgrader runs here: it reads nbgrader_config.py from here only
-GRADING = REPO / "grading"  # the course's generated folders, git-ignored: see root()
 COURSE_ID = "ddp-lab"  # as in nbgrader_config.py; the learners' nbgrader commands name it with --course
 NOTEBOOKS = "notebooks"
 WORKING_COPY = "files"  # `--from files`: build from the files as they are (outside a git checkout)
@@ -45,7 +45,7 @@ def hidden_layouts() -> dict[str, tuple[list[str], Layout]]:
 
 
 def root() -> Path:
-    return Path(os.environ.get("DDP_LAB_COURSE_DIR") or GRADING).resolve()
+    return settings.course_dir()
 
 
 def grade_id(step: str) -> str:
@@ -76,7 +76,7 @@ def add_hidden_tests(notebook: dict, name: str) -> list[str]:
             continue
         if BEGIN_HIDDEN in source:
             raise CourseError(f"{name}: grade cell {meta['grade_id']} has hidden tests of its own: "
-                              f"they belong in autograde/registry.py (an item's `hidden`), not in {NOTEBOOKS}/")
+                              f"they belong in autograde/grading/registry.py (an item's `hidden`), not in {NOTEBOOKS}/")
         step = step_of(meta["grade_id"])
         if step in HIDDEN_TESTS:
             cell["source"] = f"{source}\n{hidden_test_block(step)}".splitlines(keepends=True)
@@ -102,7 +102,7 @@ class Release:
     notes: list[str]
 
 
-def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = registry.LAB) -> Release:
+def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = registry.FIRST) -> Release:
     """The part's notebooks and learner's files in the repository as committed in `rev` (or, with
     rev "files", as they are)."""
     repo = repo or REPO
@@ -144,7 +144,7 @@ def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = regist
     return Release(files, label, notes)
 
 
-def build_source(repo: Path | None = None, rev: str = "HEAD", part: str = registry.LAB) -> Release:
+def build_source(repo: Path | None = None, rev: str = "HEAD", part: str = registry.FIRST) -> Release:
     """source/<part>/: the part's committed notebooks, with the hidden tests added, and its files."""
     release = course_files(repo, rev, part)
     source = root() / "source" / part

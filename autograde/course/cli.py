@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from autograde import registry
+from autograde import settings
 from autograde.course.assignment import EXCHANGE_DEFAULT, WORKING_COPY, CourseError
 from autograde.course.grading import EXCHANGE_COMMANDS, exchange, grade, release
+from autograde.grading import registry
 
 
 def _positive(text: str) -> int:
@@ -29,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, nbgrader_command in EXCHANGE_COMMANDS.items():
         sub = commands.add_parser(name, help=f"nbgrader {nbgrader_command} through the exchange")
         subcommands.append(sub)
-        sub.add_argument("--exchange", default=os.environ.get("DDP_LAB_EXCHANGE") or EXCHANGE_DEFAULT,
+        sub.add_argument("--exchange", default=os.environ.get(settings.EXCHANGE) or EXCHANGE_DEFAULT,
                          help=f"the exchange folder, nbgrader's Exchange.root (default {EXCHANGE_DEFAULT})")
         sub.add_argument("nbgrader_args", nargs="*", help="more options for nbgrader, after --, e.g. -- --force")
     for sub in subcommands:
-        sub.add_argument("--part", default=registry.LAB, choices=list(registry.PART),
-                         help=f"the part of the course, an assignment of its own (default {registry.LAB})")
+        sub.add_argument("--part", default=registry.FIRST, choices=list(registry.PART),
+                         help=f"the part of the course, an assignment of its own (default {registry.FIRST})")
     args = parser.parse_args(argv)
     try:
         if args.command == "release":

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from autograde import registry
+from autograde import settings
 from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, root, step_of
 from autograde.course.nbgrader_run import LogFilter, nbgrader
+from autograde.grading import registry
 
 
-def release(rev: str = "HEAD", part: str = registry.LAB) -> Path:
+def release(rev: str = "HEAD", part: str = registry.FIRST) -> Path:
     """Build the part's source assignment from `rev` and generate the student version; return its folder."""
     built = build_source(rev=rev, part=part)
     notebooks = sum(p.startswith(f"{NOTEBOOKS}/") for p in built.files)
@@ -31,7 +32,7 @@ def release(rev: str = "HEAD", part: str = registry.LAB) -> Path:
     return released
 
 
-def grades(path: Path, part: str = registry.LAB) -> dict[str, float]:
+def grades(path: Path, part: str = registry.FIRST) -> dict[str, float]:
     """Each student's total score for the part in the exported CSV."""
     with path.open(newline="") as handle:
         return {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(handle)
@@ -46,7 +47,7 @@ class Outcome:
     lost: list[str]  # the steps with fewer points than they are worth, in step order
 
 
-def outcomes(part: str = registry.LAB) -> list[Outcome]:
+def outcomes(part: str = registry.FIRST) -> list[Outcome]:
     """Each graded student's score for the part and the items lost, from the gradebook."""
     from nbgrader.api import Gradebook  # only where grading happens
 
@@ -57,7 +58,7 @@ def outcomes(part: str = registry.LAB) -> list[Outcome]:
     with Gradebook(f"sqlite:///{database}") as gradebook:
         for submission in gradebook.assignment_submissions(part):
             cells = [g for nb in submission.notebooks for g in nb.grades]
-            lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=registry.STEPS.index)
+            lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=registry.IDS.index)
             found.append(Outcome(submission.student_id, submission.score, submission.max_score, lost))
     return sorted(found, key=lambda o: o.student)
 
@@ -88,11 +89,11 @@ def _autograde_one(part: str, student: str, log: LogFilter, prefix: str) -> floa
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"ddp-lab-grade-{student}-") as verdicts:
         nbgrader("autograde", part, f"--student={student}", f"--notebook={registry.PART[part].graded}", "--force",
-                 log=log, prefix=prefix, env={"DDP_LAB_CACHE_DIR": verdicts})
+                 log=log, prefix=prefix, env={settings.CACHE_DIR: verdicts})
     return time.monotonic() - started
 
 
-def grade(part: str = registry.LAB, at_once: int | None = None) -> Path:
+def grade(part: str = registry.FIRST, at_once: int | None = None) -> Path:
     """Autograde every submission of the part, several learners at once (`jobs`), write feedback,
     export grades.csv, print the scores and each learner's grading time; return the CSV."""
     submitted = root() / "submitted"
@@ -146,7 +147,7 @@ def exchange_root(path: str) -> str:
     return str(folder.resolve())
 
 
-def exchange(command: str, exchange_dir: str, extra: Sequence[str] = (), part: str = registry.LAB) -> None:
+def exchange(command: str, exchange_dir: str, extra: Sequence[str] = (), part: str = registry.FIRST) -> None:
     """release_assignment, collect or release_feedback through nbgrader's exchange at `exchange_dir`."""
     where = exchange_root(exchange_dir)
     if command == "release_assignment" and not (root() / "release" / part).is_dir():

@@ -9,17 +9,17 @@ The exchange (Exchange.root) is not set here: the exchange targets (`make releas
 `make collect`, `make return-feedback`) pass --Exchange.root from EXCHANGE, and the learners, whose
 nbgrader never reads this file, name it on their own command line (docs/instructors.md).
 """
-import os
-from pathlib import Path
+
+from autograde import settings
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821 (nbgrader provides it)
 
 c.CourseDirectory.course_id = "ddp-lab"  # autograde/course/assignment.py's COURSE_ID; learners pass --course=ddp-lab
-c.CourseDirectory.root = os.environ.get("DDP_LAB_COURSE_DIR") or str(Path(__file__).resolve().parents[2] / "grading")
+c.CourseDirectory.root = str(settings.course_dir())
 # The learner's work is the files they edit (fashion_mnist.py, exercises/...): without this,
 # autograding silently replaces them with the starters from source/ and every submission is
 # graded as if untouched.
-from autograde import registry  # noqa: E402
+from autograde.grading import registry  # noqa: E402
 
 c.Autograde.exclude_overwriting = {part.id: part.files for part in registry.PARTS}
 # A check cell runs the learner's script for real, several processes at a time: give it minutes.

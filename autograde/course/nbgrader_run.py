@@ -6,8 +6,9 @@ import json
 import os
 import re
 
-from autograde import processes
+from autograde import settings
 from autograde.course.assignment import HERE, HIDDEN_TESTS, CourseError, root, step_of
+from autograde.engine import processes
 
 # Known-harmless lines of nbgrader's log, left out of what the course commands print (and counted).
 HARMLESS = {
@@ -85,7 +86,7 @@ def nbgrader(*args: str, log_level: str = "WARN", log: LogFilter | None = None, 
     Its notebooks run in quick mode unless DDP_LAB_QUICK says otherwise. No time limit: grading a
     class takes as long as it takes.
     """
-    env = {"DDP_LAB_COURSE_DIR": str(root()), "DDP_LAB_QUICK": os.environ.get("DDP_LAB_QUICK", "1"), **(env or {})}
+    env = {settings.COURSE_DIR: str(root()), settings.QUICK: os.environ.get(settings.QUICK, "1"), **(env or {})}
     cmd = [processes.PYTHON, "-m", "nbgrader", *args, f"--log-level={log_level}"]
     own_log = log is None
     log = log or LogFilter()

@@ -14,7 +14,7 @@ less, and the ratio travels between machines better than seconds do.
 - grading: one learner's part graded by `make grade` (released from the files as they are, the
   finished files handed in): the seconds grading says it took that learner; target 45 imports.
 - ratios: each of two things timed in alternating order (A, B, B, A, A, B), the median of the three
-  pairs (autograde/checker/speed.py: the clock starts after the warm-up steps; a run's time is its
+  pairs (autograde/parts/scaling/checks_speed.py: the clock starts after the warm-up steps; a run's time is its
   slowest rank's): the finished lab script with 1 process over the starter (DDP's overhead on one
   process); 2 processes over 1 (the speedup check's own measurement); demos/speed_fixes.py with the
   data preloaded as tensors over the DataLoader.
@@ -40,15 +40,20 @@ from pathlib import Path
 from typing import Callable, Iterator
 from unittest import mock
 
-from autograde import data, processes, paths, registry
-from autograde.checker import api, speed
+from autograde import data, settings
 from autograde.course import assignment
-from autograde.checker.runs import Family, Run, Workspace
-from autograde.protocol import STOP_AT_STEP, TRACE_STEPS
-from autograde.checks import scaling
+from autograde.engine import processes
+from autograde.engine.run import Run
+from autograde.engine.workspace import Workspace
+from autograde.grading import api, registry
+from autograde.parts.scaling import checks_speed as speed
+from autograde.parts.scaling import checks_timed as scaling
+from autograde.settings import STOP_AT_STEP, TRACE_STEPS
 from autograde.tools import nbval_runner
 
-ROOT, SOLUTION = paths.REPO, paths.SOLUTION
+COURSE = [processes.PYTHON, "-m", assignment.__name__.rpartition(".")[0]]  # `python -m autograde.course`
+
+ROOT, SOLUTION = settings.REPO, settings.SOLUTION
 
 
 # Targets in imports of torch (the floor, measured in the same run), except the notebooks' (seconds)
@@ -77,13 +82,13 @@ def floor() -> float:
 
 def target(item: registry.Item) -> float:
     """The item's target, in imports of torch."""
-    if item.part == registry.LAB:
-        return LAST_STEP_TARGET if item.id == registry.LAB_STEPS[-1] else STEP_TARGET
+    if item.part == registry.FIRST:
+        return LAST_STEP_TARGET if item.id == registry.FIRST_ITEMS[-1] else STEP_TARGET
     return ITEM_TARGET
 
 
 def finished_file(item: registry.Item, lab_script: Path) -> Path:
-    return lab_script if item.part == registry.LAB else ROOT / str(item.checkpoint)
+    return lab_script if item.part == registry.FIRST else ROOT / str(item.checkpoint)
 
 
 def what_took_it(script: Path, seconds: float) -> str:
@@ -124,8 +129,8 @@ def items(chosen: list[str], lab_script: Path, floor_s: float) -> tuple[list[str
     every lab step is chosen): a line each, and whether every target was met."""
     lines, met = [], True
     with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as verdicts, _slurm() as slurm_env, \
-            mock.patch.dict(os.environ, DDP_LAB_CACHE_DIR=verdicts):  # where this process reads the runs' recordings
-        env = {"DDP_LAB_CACHE_DIR": verdicts, **slurm_env}
+            mock.patch.dict(os.environ, **{settings.CACHE_DIR: verdicts}):  # where this process reads the runs' recordings
+        env = {settings.CACHE_DIR: verdicts, **slurm_env}
         for item_id in chosen:
             item = registry.item(item_id)
             script = finished_file(item, lab_script)
@@ -142,7 +147,7 @@ def items(chosen: list[str], lab_script: Path, floor_s: float) -> tuple[list[str
             met = met and result.seconds <= target(item) * floor_s and status == "pass"
             lines.append(line(item.id, result.seconds, floor_s, target(item), detail))
             print(lines[-1], flush=True)
-        if set(registry.LAB_STEPS) <= set(chosen):
+        if set(registry.FIRST_ITEMS) <= set(chosen):
             every = time_check("--all", "--fresh", script=lab_script, env=env)
             met = met and every <= ALL_TARGET * floor_s
             lines.append(line("check --all", every, floor_s, ALL_TARGET, "the lab's steps at once"))
@@ -153,7 +158,7 @@ def items(chosen: list[str], lab_script: Path, floor_s: float) -> tuple[list[str
 @contextlib.contextmanager
 def _slurm() -> Iterator[dict[str, str]]:
     """The course's SLURM for the SLURM items (none: they are n/a, and say so)."""
-    from autograde.tools import slurm_cluster
+    from autograde.cluster import slurm as slurm_cluster
 
     try:
         with slurm_cluster.available() as env:
@@ -170,8 +175,8 @@ def grading(part: str, floor_s: float) -> tuple[list[str], bool]:
     `make grade`'s own command: the time grading says it took that learner."""
     with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-course-") as folder:
         course = Path(folder)
-        env = {"DDP_LAB_COURSE_DIR": str(course), "OMP_NUM_THREADS": "1"}
-        released = processes.run([processes.PYTHON, "-m", "autograde.course", "release", "--part", part,
+        env = {settings.COURSE_DIR: str(course), "OMP_NUM_THREADS": "1"}
+        released = processes.run([*COURSE, "release", "--part", part,
                                   "--from", assignment.WORKING_COPY], timeout=600, cwd=ROOT, env=env)
         if released.returncode != 0:
             sys.exit(f"error: releasing {part} failed:\n{released.output[-2000:]}")
@@ -180,7 +185,7 @@ def grading(part: str, floor_s: float) -> tuple[list[str], bool]:
         for item in registry.ITEMS:
             if item.part == part and item.checkpoint:
                 shutil.copy(ROOT / item.checkpoint, handed_in / item.file)
-        graded = processes.run([processes.PYTHON, "-m", "autograde.course", "grade", "--part", part, "--jobs", "1"],
+        graded = processes.run([*COURSE, "grade", "--part", part, "--jobs", "1"],
                                timeout=3600, cwd=ROOT, env=env)
         found = TIME_COLUMN.search(graded.stdout)
         if graded.returncode != 0 or found is None:
@@ -198,7 +203,7 @@ CORES = str(os.cpu_count() or 1)
 
 def _lab_rate(ws: Workspace, key: str, data_dir: Path, argv: list[str]) -> float:
     """Images per second of a lab script (steps x batch: no DDP needed), stopped after WARMUP + STEPS steps."""
-    run = ws.launched(Family.SPEED, key, key, ["--widen-factor", "1", "--batch-size", str(BATCH), "--epochs", "1",
+    run = ws.launched(scaling.SPEED_RUNS, key, key, ["--widen-factor", "1", "--batch-size", str(BATCH), "--epochs", "1",
                                  "--target-accuracy", "0", "--data-dir", str(data_dir), *argv],
                       # every core for both (the finished script gives its one process all of them itself;
                       # the starter takes what OMP_NUM_THREADS and MKL_NUM_THREADS allow, 1 by default here)
@@ -231,7 +236,7 @@ def ratios() -> list[str]:
     """Each ratio as a line of the report (see the module's docstring)."""
     lines = []
     with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as folder, \
-            Workspace(paths.STARTER) as starter, Workspace(SOLUTION) as finished:
+            Workspace(settings.STARTER) as starter, Workspace(SOLUTION) as finished:
         data_dir = Path(folder)
         data.write_synthetic(data_dir, 4096, 64, seed=7)
         ratio, each = _alternating(lambda i: _lab_rate(starter, f"starter-{i}", data_dir, []),
@@ -255,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograde.tools.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", type=Path, default=SOLUTION, help="the lab script to check (a correct one)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="the sections to run")
-    parser.add_argument("--items", nargs="+", choices=registry.STEPS, default=registry.STEPS, metavar="ID",
+    parser.add_argument("--items", nargs="+", choices=registry.IDS, default=registry.IDS, metavar="ID",
                         help="the items to time (default: every one)")
-    parser.add_argument("--grade-part", choices=list(registry.PART), default=registry.LAB,
-                        help=f"the part graded (default {registry.LAB})")
+    parser.add_argument("--grade-part", choices=list(registry.PART), default=registry.FIRST,
+                        help=f"the part graded (default {registry.FIRST})")
     args = parser.parse_args(argv)
     floor_s = floor()
     report = [f"floor: one import of torch, {floor_s:.2f} s (median of 3)"]
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="ddp-lab-bench-") as folder:
             course = nbval_runner.learner_copy(Path(folder) / "course", args.script)
             names = sorted(p.name for p in nbval_runner.NOTEBOOKS.glob("*.ipynb"))
-            run = nbval_runner.nbval(course / "notebooks", *names, timeout=1800, env={"DDP_LAB_CACHE_DIR": folder})
+            run = nbval_runner.nbval(course / "notebooks", *names, timeout=1800, env={settings.CACHE_DIR: folder})
         if run.returncode != 0:
             sys.exit(f"error: the notebooks failed under nbval:\n{run.stdout[-3000:]}")
         report.append(line(f"{len(names)} notebooks", run.seconds, floor_s, NOTEBOOKS_TARGET / floor_s,

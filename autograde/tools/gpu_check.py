@@ -7,7 +7,7 @@ will use, an instructor runs it once before the course. It:
 1. trains the finished solution for 2 epochs of the full model (--widen-factor 10) on every GPU,
    and on one GPU, and reports images/sec, epoch time and the speedup;
 2. trains 1 epoch with --sync-bn (the Optional step) on every GPU;
-3. checks the finished solution, every step, and runs the tests' GPU checks (tests/test_gpu_mistakes.py:
+3. checks the finished solution, every step, and runs the tests' GPU checks (tests/parts/lab/test_gpu_mistakes.py:
    three catalogued mistakes that must fail), through pytest in a process of their own;
 4. runs notebooks 02, 06 and 09 under nbval with quick mode off (when nbval is installed);
 5. writes a markdown report, and exits non-zero when anything failed.
@@ -31,13 +31,16 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograde.checker import api, devices, output
-from autograde import data, processes, paths
-REPO, SOLUTION = paths.REPO, paths.SOLUTION
+from autograde import data, settings
+from autograde.engine import output, processes
+from autograde.grading import api
+from autograde.parts.lab import runs as lab_runs
+
+REPO, SOLUTION = settings.REPO, settings.SOLUTION
 NOTEBOOKS = ["02_baseline.ipynb", "06_step_7_ddp.ipynb", "09_evaluation.ipynb"]
 # The tests' own GPU checks (catalogued mistakes live with the tests): run as a pytest command, never
 # imported, so that the package holds nothing of tests/. A path relative to REPO, the command's folder.
-GPU_TESTS = "tests/test_gpu_mistakes.py"
+GPU_TESTS = "tests/parts/lab/test_gpu_mistakes.py"
 GPU_TESTS_LIMIT = 3600.0  # three checks of the lab, each well within pytest.ini's 900 s a test
 TRAIN_LIMIT = 1800.0
 PARTS = ["training", "checks", "notebooks"]
@@ -99,8 +102,8 @@ def training(report: Report, gpus: int, data_dir: Path) -> None:
 
 
 def checks(report: Report, gpus: int) -> None:
-    planned = devices.plan(gpus, 2, 2)
-    runs = "; ".join(f"{run} run on {devices.describe(assigned)}" for run, assigned in planned.items())
+    planned = lab_runs.devices_plan(gpus, 2, 2)
+    runs = "; ".join(f"{run} run on {lab_runs.describe(assigned)}" for run, assigned in planned.items())
     report.add(f"\n## The checker ({runs})\n")
     report.add("| what | verdict | observed |\n| --- | --- | --- |")
     started = time.monotonic()
@@ -111,7 +114,7 @@ def checks(report: Report, gpus: int) -> None:
     report.add(f"\n(all steps in {time.monotonic() - started:.0f} s)\n")
     # the scaling part's speedup item: judged only with 2 GPUs or more (its threshold is set from these runs)
     started = time.monotonic()
-    (speedup,) = api.check_steps(["speedup"], paths.REPO / "solutions" / "large_batch_training.py", fresh=True,
+    (speedup,) = api.check_steps(["speedup"], settings.REPO / "solutions" / "large_batch_training.py", fresh=True,
                                  quiet=True)
     report.row("large_batch_training.py, speedup (2 GPUs over 1)", "FAIL" if speedup.passed is False else speedup.status,
                f"{speedup.observed} ({time.monotonic() - started:.0f} s)")
@@ -176,7 +179,7 @@ def notebooks(report: Report) -> None:
         for name in NOTEBOOKS:
             cmd = [processes.PYTHON, "-m", "pytest", "--nbval-lax", "--nbval-cell-timeout=3600", "-p", "no:cacheprovider",
                    "-q", "-o", "addopts=", f"notebooks/{name}"]
-            result = processes.run(cmd, cwd=course, timeout=3 * 3600, env={"DDP_LAB_QUICK": "0"})
+            result = processes.run(cmd, cwd=course, timeout=3 * 3600, env={settings.QUICK: "0"})
             last = next((line for line in reversed(result.stdout.splitlines()) if line.strip()), "(no output)")
             report.row(name, "pass" if result.returncode == 0 else "FAIL", f"{last} ({result.seconds:.0f} s)")
 
@@ -202,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS,
                         help="what to run (default: all of it; the notebooks take longest)")
     args = parser.parse_args(argv)
-    gpus = api.gpu_count()
+    gpus = processes.gpu_count()
     if gpus == 0:
         print("make gpu-check: no GPU on this machine; it proves the GPU path on a machine with NVIDIA GPUs. Nothing done.")
         return 0

@@ -12,8 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from autograde import data, processes, paths
-ROOT, SOLUTION = paths.REPO, paths.SOLUTION
+from autograde import data, settings
+from autograde.engine import processes
+
+ROOT, SOLUTION = settings.REPO, settings.SOLUTION
 BANNER = """\
 {rule}
   SYNTHETIC STAND-IN DATA: there is no Fashion-MNIST in {real}/ (`make data` fetches it).

@@ -1,7 +1,7 @@
 """Test probe, loaded into every Python process whose PYTHONPATH starts with this folder.
 
 Active only when DDP_LAB_PROBE_DIR is set. It is an extension of the checker's tracer
-(autograde/learner_processes/): it installs the tracer, whose traces go to the same folder,
+(autograde/inprocess/): it installs the tracer, whose traces go to the same folder,
 and acts at the points the tracer reports, so that a test sees inside the lab's training
 script without changing it:
 
@@ -19,22 +19,22 @@ any) to run the process warm: the forked process runs this file again, as a file
 import os
 
 if __name__ == "sitecustomize" and os.environ.get("DDP_LAB_WARM_SERVER"):
-    from autograde.learner_processes import warm_start
+    from autograde.inprocess import warm_start
 
     warm_start.proxy()  # returns only where this process must start cold
 
 _probe_dir = os.environ.get("DDP_LAB_PROBE_DIR")
 if _probe_dir:
-    import torch
-
     import runpy
 
-    from autograde import protocol
-    from autograde.learner_processes import tracer
+    import torch
+
+    from autograde import settings
+    from autograde.inprocess import tracer
 
     # the course's own start-up, tracing into the probe's folder (children inherit it, as they do the probe)
-    os.environ[protocol.TRACE_DIR] = _probe_dir
-    runpy.run_path(str(protocol.STARTUP / "sitecustomize.py"))
+    os.environ[settings.TRACE_DIR] = _probe_dir
+    runpy.run_path(str(settings.STARTUP / "sitecustomize.py"))
 
     def _rank():
         dist = torch.distributed

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autograde import paths
+from autograde import settings as course_settings
 from autograde.course.assignment import EXCHANGE_DEFAULT
 
-DEFAULT_FILE = paths.REPO / "deploy" / "jupyterhub" / "class.toml"
+DEFAULT_FILE = course_settings.REPO / "deploy" / "jupyterhub" / "class.toml"
 SPAWNERS = ("local", "slurm")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -80,7 +80,7 @@ class ClassSettings:
     spawner: str = "local"
     ip: str = "0.0.0.0"
     port: int = 8000
-    course: Path = paths.REPO
+    course: Path = course_settings.REPO
     exchange: Path = Path(EXCHANGE_DEFAULT)
     data: Path | None = None
     state: Path = Path("/var/lib/ddp-lab-hub")
@@ -114,7 +114,7 @@ def _section(cls: type, values: Any, name: str) -> Any:
 
 def load(path: str | Path | None = None) -> ClassSettings:
     """The settings in `path` (default $DDP_LAB_CLASS, else deploy/jupyterhub/class.toml), checked."""
-    source = Path(path or os.environ.get("DDP_LAB_CLASS") or DEFAULT_FILE)
+    source = Path(path or os.environ.get(course_settings.CLASS) or DEFAULT_FILE)
     try:
         raw = tomllib.loads(source.read_text())
     except FileNotFoundError:

@@ -27,11 +27,11 @@ from batchspawner import SlurmSpawner  # also registers batchspawner's API handl
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import default
 
-from autograde import paths
+from autograde import settings as course_settings
 from autograde.course.hub import limits
 from autograde.course.hub.settings import ClassSettings, load, size_in_bytes
 
-HUB_JUPYTER = paths.REPO / "deploy" / "jupyterhub" / "jupyter"  # nbgrader settings every server reads
+HUB_JUPYTER = course_settings.REPO / "deploy" / "jupyterhub" / "jupyter"  # nbgrader settings every server reads
 BIN = Path(sys.executable).parent  # the course's environment, which runs the hub
 
 
@@ -48,7 +48,7 @@ def _node_gpus() -> int:
 
 def start_command() -> list[str]:
     """What a server runs first, as the user: the first login's setup (start.py)."""
-    return [str(BIN / "python"), "-m", "autograde.course.hub.start"]
+    return [str(BIN / "python"), "-m", f"{__package__}.start"]
 
 
 def class_env(user: str) -> dict[str, str]:
@@ -57,19 +57,19 @@ def class_env(user: str) -> dict[str, str]:
     home = Path(pwd.getpwnam(user).pw_dir)
     env = {
         "PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]),
-        "DDP_LAB_ROLE": s.role(user),
-        "DDP_LAB_CLASS_COURSE": str(s.course),  # what start.py copies and builds the instructor's sources from
-        "DDP_LAB_DATA_DIR": str(s.data_dir),
-        "DDP_LAB_EXCHANGE": str(s.exchange),
+        course_settings.ROLE: s.role(user),
+        course_settings.CLASS_COURSE: str(s.course),  # what start.py copies and builds the instructor's sources from
+        course_settings.DATA_DIR: str(s.data_dir),
+        course_settings.EXCHANGE: str(s.exchange),
         "JUPYTER_CONFIG_PATH": str(HUB_JUPYTER),
     }
     if s.slurm_conf:
         env["SLURM_CONF"] = s.slurm_conf
     if s.role(user) == "instructor":
         env.update({
-            "DDP_LAB_COURSE_DIR": str(home / "grading"),
+            course_settings.COURSE_DIR: str(home / "grading"),
             "JUPYTER_PREFER_ENV_PATH": "0",  # the instructor's own config (instructor mode) before the environment's
-            "DDP_LAB_QUICK": "1",  # the formgrader grades in this server: quick mode, as `make grade` does
+            course_settings.QUICK: "1",  # the formgrader grades in this server: quick mode, as `make grade` does
         })
     return env
 

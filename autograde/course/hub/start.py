@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograde import paths, registry
+from autograde import settings
+from autograde.grading import registry
 
 COPY = "ddp-lab-course"  # the learner's own copy of the course, in their home
 COURSE_FILES = ("README.md", "fashion_mnist.py", "notebooks", "exercises", "solutions", "demos")
@@ -61,11 +62,11 @@ def set_up_instructor(course: Path, home: Path) -> list[str]:
             "c = get_config()  # noqa: F821\n"
             f"load_subconfig({str(course / 'autograde' / 'course' / 'nbgrader_config.py')!r})  # noqa: F821\n")
         done.append(str(config))
-    grading = Path(os.environ.get("DDP_LAB_COURSE_DIR") or home / "grading")
+    grading = Path(os.environ.get(settings.COURSE_DIR) or home / "grading")
     if not (grading / "source").is_dir():
         from autograde.course.assignment import WORKING_COPY, build_source
 
-        os.environ["DDP_LAB_COURSE_DIR"] = str(grading)
+        os.environ[settings.COURSE_DIR] = str(grading)
         for part in registry.PARTS:
             build_source(repo=course, rev=WORKING_COPY, part=part.id)
         done.append(f"{grading}/source: {', '.join(p.id for p in registry.PARTS)}")
@@ -75,12 +76,12 @@ def set_up_instructor(course: Path, home: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     command = list(sys.argv[1:] if argv is None else argv)
     home = Path.home()
-    course = Path(os.environ.get("DDP_LAB_CLASS_COURSE") or paths.REPO)
+    course = Path(os.environ.get(settings.CLASS_COURSE) or settings.REPO)
     home.chmod(0o700)
     copied = copy_course(course, home)
     if copied:
         print(f"first login: the course copied into {copied}", flush=True)
-    if os.environ.get("DDP_LAB_ROLE") == "instructor":
+    if os.environ.get(settings.ROLE) == "instructor":
         for what in set_up_instructor(course, home):
             print(f"instructor set up: {what}", flush=True)
     if command:

@@ -1,0 +1,68 @@
+"""Verdicts kept on disk, so that one set of runs of a script answers every step that asks.
+
+Checking a step launches the learner's script; the next check of the same file (another
+notebook's check cell, an nbgrader grade cell, the progress cell) reads the verdicts those
+runs gave instead of launching it again. A verdict is keyed by the script's exact bytes, the
+process layout, the devices each run used and the checker's own source: editing the script (or
+the checker) means new runs. Verdicts from runs that hit the time limit are not kept, since
+a machine that was only busy deserves a second try.
+
+The folder is $DDP_LAB_CACHE_DIR, or ddp-lab-verdicts-<uid> in the system's temporary folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+from autograde.engine import code
+from autograde.engine.verdicts import Result
+from autograde import settings
+
+
+def folder() -> Path:
+    default = Path(tempfile.gettempdir()) / f"ddp-lab-verdicts-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    return Path(os.environ.get(settings.CACHE_DIR) or default)
+
+
+@lru_cache(maxsize=1)
+def checker_version() -> str:
+    """A digest of the code that can change a verdict: verdicts of an older checker are not reused."""
+    return code.digest(code.VERDICT_CODE, code.NOT_VERDICT_CODE)
+
+
+def _file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Path:
+    key = hashlib.sha256(script.read_bytes())
+    key.update(f"{procs_per_node}x{nodes}:{devices}:{checker_version()}".encode())
+    return folder() / f"{key.hexdigest()[:32]}.json"
+
+
+def runs_file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Path:
+    """Where the runs behind the script's verdicts are recorded (Workspace.save), for a notebook
+    that draws what the check saw without making the runs again."""
+    return _file(script, procs_per_node, nodes, devices).with_suffix(".runs.json.gz")
+
+
+def load(script: Path, procs_per_node: int, nodes: int, devices: str) -> dict[str, Result]:
+    """The verdicts known for this exact script and layout (none when unreadable)."""
+    try:
+        stored = json.loads(_file(script, procs_per_node, nodes, devices).read_text())
+        return {step: Result(**fields) for step, fields in stored.items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: dict[str, Result]) -> None:
+    """Keep `verdicts` for the script (written whole, then renamed, so readers never see half a file)."""
+    target = _file(script, procs_per_node, nodes, devices)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({step: asdict(r) for step, r in verdicts.items()}))
+        partial.replace(target)
+    except OSError:
+        pass  # a read-only or full disk only costs new runs next time

@@ -1,0 +1,1 @@
+"""Part inside: see autograde/parts/__init__.py for what each file holds."""

@@ -1,0 +1,37 @@
+"""Part inside, inside DDP (notebooks 20-23): data parallelism by hand, sharding, model parallelism, hangs."""
+from __future__ import annotations
+
+from autograde.grading.items import Part, exercise
+from autograde.parts.inside import checks, checks_hangs
+from autograde.parts.inside import checks_model_parallel as model_parallel
+
+PART_ID = "inside_ddp"
+BY_HAND, TENSOR, PIPELINE = "ddp_by_hand.py", "tensor_parallel.py", "pipeline_parallel.py"
+HANGS = "23_debugging_hangs"
+ITEMS = [
+    exercise("naive_ddp", "DDP by hand: all-reduce every gradient", 2, PART_ID, "20_ddp_by_hand", BY_HAND,
+             (checks.DDP_RUNS,), checks.check_naive_ddp),
+    exercise("overlap_ddp", "DDP by hand: all-reduce during backward", 2, PART_ID, "20_ddp_by_hand", BY_HAND,
+             (checks.DDP_RUNS,), checks.check_overlap_ddp),
+    exercise("bucketed_ddp", "DDP by hand: buckets", 3, PART_ID, "20_ddp_by_hand", BY_HAND, (checks.DDP_RUNS,),
+             checks.check_bucketed_ddp),
+    exercise("zero", "ZeRO stage 1: a sharded optimizer", 3, PART_ID, "21_sharding", "sharded_optimizer.py",
+             (checks.ZERO_RUNS,), checks.check_zero),
+    exercise("tensor_parallel", "tensor-parallel layers: f, g, column, row", 3, PART_ID, "22_model_parallel", TENSOR,
+             (model_parallel.TENSOR_PARALLEL_RUNS,), model_parallel.check_tensor_parallel),
+    exercise("two_d", "2-D parallelism: tensor parallel in pairs, data parallel across", 2, PART_ID,
+             "22_model_parallel", TENSOR, (model_parallel.TWO_D_RUNS,), model_parallel.check_two_d),
+    exercise("gpipe", "a pipeline with GPipe's schedule", 2, PART_ID, "22_model_parallel", PIPELINE,
+             (model_parallel.STAGES_RUNS,), model_parallel.check_gpipe),
+    exercise("1f1b", "a pipeline with 1F1B's schedule", 2, PART_ID, "22_model_parallel", PIPELINE,
+             (model_parallel.STAGES_RUNS,), model_parallel.check_1f1b),
+    exercise("hang_collective", "fix a hang: a collective on one rank", 1, PART_ID, HANGS, "hang_collective.py",
+             (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_collective),
+    exercise("hang_uneven", "fix a hang: uneven batches", 1, PART_ID, HANGS, "hang_uneven.py", (checks_hangs.HANG_RUNS,),
+             checks_hangs.check_hang_uneven),
+    exercise("hang_early_stop", "fix a hang: early stopping decided on rank 0", 1, PART_ID, HANGS,
+             "hang_early_stop.py", (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_early_stop),
+]
+PART = Part(PART_ID, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-3]_*.ipynb",
+            "2[0-3]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/hangs.py",
+                         "solutions/fashion_mnist_after_step_10.py"), tuple(ITEMS))  # 10: notebook 21 weighs its model

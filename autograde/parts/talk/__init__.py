@@ -1,0 +1,1 @@
+"""Part talk: see autograde/parts/__init__.py for what each file holds."""

@@ -1,0 +1,250 @@
+"""The nbgrader course without the exchange (tests/course/test_exchange.py goes through it, grading the
+finished solution and the same script done through Step 5, whose verdicts this module's grading
+keeps): the grade cells and their points, the hidden tests (the registry's `hidden` layouts) added
+only to the source assignment, releases built from a commit,
+`make grade`'s log, and a submission copied straight into submitted/ (files handed in on a
+learning platform): a script done through Step 5 gets Steps 0-5's points."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import ROOT
+
+from autograde.course import assignment, cli, grading, nbgrader_run
+from autograde.engine import processes
+from autograde.grading import registry
+
+LAB = registry.PART[registry.FIRST]
+POINTS = {item.id: item.points for item in registry.ITEMS if item.graded and item.part == LAB.id}  # the lab's
+
+
+def make(target: str, course_dir: Path, timeout: float, *variables: str) -> processes.Result:
+    result = processes.run(["make", "--no-print-directory", target, *variables], cwd=ROOT, timeout=timeout,
+                        env={"DDP_LAB_COURSE_DIR": str(course_dir)})
+    assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def course_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A course released from the committed notebooks (grading a submission is tests/course/test_exchange.py's,
+    and each later part's below)."""
+    root = tmp_path_factory.mktemp("course")
+    make("release", root, timeout=300)
+    return root
+
+
+def cells(notebook: Path) -> list[dict]:
+    return [c for c in json.loads(notebook.read_text())["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
+
+
+def grade_cells(folder: Path) -> dict[str, str]:
+    """grade_id -> source of every grade cell in the notebooks of `folder`."""
+    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"])
+            for nb in sorted(folder.glob("*.ipynb")) for c in cells(nb)}
+
+
+def test_every_graded_step_has_one_grade_cell_with_its_points() -> None:
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    # grading runs each part's graded notebooks (tests/core/test_registry.py): exactly those with grade cells
+    assert {nb.stem for nb in notebooks if cells(nb)} == {n for p in registry.PARTS for n in p.graded_notebooks}
+    found = [c for nb in notebooks for c in cells(nb)]
+    points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in found}
+    assert points == {assignment.grade_id(i.id): i.points for i in registry.ITEMS if i.graded}
+
+
+def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
+    for grade_id, source in grade_cells(ROOT / "notebooks").items():
+        step = assignment.step_of(grade_id)
+        assert "HIDDEN TESTS" not in source and "procs_per_node" not in source, grade_id
+        argument = step if step.isdigit() else f'"{step}"'
+        assert source.splitlines()[-1] == f"autograde.assert_step({argument})"
+
+
+@pytest.mark.launch
+def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -> None:
+    source = grade_cells(course_dir / "source" / registry.FIRST)
+    for step in POINTS:
+        cell = source[assignment.grade_id(step)]
+        if step in assignment.HIDDEN_TESTS:
+            assert cell.endswith("\n" + assignment.hidden_test_block(step))
+        else:
+            assert "HIDDEN TESTS" not in cell
+    assert "autograde.assert_step(5, procs_per_node=1, nodes=3)" in source["step_5"]
+    assert "autograde.assert_step(4, procs_per_node=3, nodes=1)" in source["step_4"]
+    released = grade_cells(course_dir / "release" / registry.FIRST)
+    assert released == {k: v for k, v in grade_cells(ROOT / "notebooks").items()  # the student version: what
+                        if registry.item(assignment.step_of(k)).part == LAB.id}      # learners ran
+
+
+@pytest.mark.launch
+def test_the_student_version_has_no_solutions(course_dir: Path) -> None:
+    released = course_dir / "release" / registry.FIRST
+    assert sorted(nb.name for nb in released.glob("*.ipynb")) == sorted(nb.name for nb in (ROOT / "notebooks").glob(LAB.notebooks))
+    assert not (released / "solutions").exists()
+
+
+@pytest.mark.launch
+def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
+    result = processes.run(["make", "--no-print-directory", "grade"], cwd=ROOT, timeout=120,
+                        env={"DDP_LAB_COURSE_DIR": str(tmp_path)})
+    assert result.returncode != 0 and "Traceback" not in result.output
+    assert f"error: no submissions: put each in {tmp_path}/submitted/<student>/{registry.FIRST}/" in result.output
+
+
+# --- releases are built from a commit -------------------------------------------------------------
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A repository with the course files committed, and a course folder of its own."""
+    repo = tmp_path / "repo"
+    for path in [*(f"notebooks/{nb.name}" for nb in (ROOT / "notebooks").glob("*.ipynb")), *LAB.files]:
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, repo / path)
+    git(repo, "init", "--quiet")
+    git(repo, "add", ".")
+    git(repo, "commit", "--quiet", "-m", "the course")
+    monkeypatch.setenv("DDP_LAB_COURSE_DIR", str(tmp_path / "course"))
+    return repo
+
+
+@pytest.mark.launch
+def test_release_builds_from_the_commit_not_the_edited_working_copy(clone: Path) -> None:
+    committed = (clone / "fashion_mnist.py").read_text()
+    (clone / "fashion_mnist.py").write_text(committed + "import torch.distributed as dist  # a half-done Step 0\n")
+    shutil.copy(clone / "notebooks/03_steps_0_to_2.ipynb", clone / "notebooks/09_draft.ipynb")
+    built = assignment.build_source(clone)
+    source = assignment.root() / "source" / registry.FIRST
+    assert (source / "fashion_mnist.py").read_text() == committed
+    assert not (source / "09_draft.ipynb").exists()
+    commit = git(clone, "rev-parse", "--short=7", "HEAD").strip()
+    assert built.origin.startswith(f"commit {commit}") and built.origin.endswith("the course")
+    (note,) = built.notes
+    assert "fashion_mnist.py" in note and "notebooks/09_draft.ipynb" in note and "released as committed" in note
+
+
+@pytest.mark.launch
+def test_release_from_the_files_as_they_are_on_request(clone: Path) -> None:
+    (clone / "fashion_mnist.py").write_text("# edited\n")
+    built = assignment.build_source(clone, assignment.WORKING_COPY)
+    assert (assignment.root() / "source" / registry.FIRST / "fashion_mnist.py").read_text() == "# edited\n"
+    assert "as they are" in built.origin
+
+
+@pytest.mark.launch
+def test_release_outside_a_git_checkout_says_what_to_do(clone: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.rmtree(clone / ".git")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(clone.parent))  # no repository above it either
+    monkeypatch.setattr(assignment, "REPO", clone)
+    with pytest.raises(SystemExit) as exit_status:
+        cli.main(["release"])
+    assert exit_status.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"error: {clone} is not a git checkout: `make release` builds from a commit; "
+                    "`make release FROM=files` builds from the files as they are")
+
+
+@pytest.mark.launch
+def test_hidden_tests_written_into_a_notebook_are_refused(clone: Path) -> None:
+    path = clone / "notebooks/04_steps_3_to_5.ipynb"
+    notebook = json.loads(path.read_text())
+    (cell,) = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "step_4"]
+    cell["source"] = "".join(cell["source"]) + "\n" + assignment.hidden_test_block("4")
+    path.write_text(json.dumps(notebook, indent=1))
+    with pytest.raises(assignment.CourseError, match="step_4 has hidden tests of its own: they belong in"):
+        assignment.build_source(clone, assignment.WORKING_COPY)
+
+
+def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
+    log = nbgrader_run.LogFilter()
+    log.released = {"step_4": "aaa", "step_3": "ccc"}
+    checksum = "[AutogradeApp | WARNING] Attribute 'checksum' for cell {} has changed! (should be: bbb, got: {})\n"
+    lines = {
+        checksum.format("step_4", "aaa"): False,  # the student version's cell: its hidden tests are put back
+        checksum.format("step_4", "ddd"): True,  # the learner changed the locked cell
+        checksum.format("step_3", "ccc"): True,  # no hidden tests: a change nbgrader should report
+        "/x/nbgrader/api.py:2229: SAWarning: Object of type <SubmittedAssignment> not in session\n": False,
+        "  for notebook in submission.assignment.notebooks:\n": False,  # the warning's source line
+        "[IPKernelApp] WARNING | Kernel is running over TCP without encryption. All communication\n": False,
+        "[GenerateFeedbackApp | WARNING] Alternative text is missing on 2 image(s).\n": False,
+        "[AutogradeApp | ERROR] There was an error processing assignment\n": True,
+        "  File \"x.py\", line 3\n": True,
+    }
+    assert {line: log.keep(line) for line in lines} == lines
+    assert log.counts == {"sqlalchemy": 1, "tcp": 1, "alt": 1, "hidden": 1}
+    assert "1 grade cells restored with their hidden tests" in log.summary()
+
+
+LATER = [p.id for p in registry.PARTS if p.id != registry.FIRST]
+
+
+def release_and_grade(folder: Path, part_id: str) -> Path:
+    """`make release PART=...`, every item's checkpoint copied into a learner's submission, `make grade PART=...`."""
+    part = registry.PART[part_id]
+    make("release", folder, 300, f"PART={part.id}")
+    submission = folder / "submitted" / "solved" / part.id
+    shutil.copytree(folder / "release" / part.id, submission)
+    for item in registry.ITEMS:
+        if item.part == part.id:
+            shutil.copy(ROOT / str(item.checkpoint), submission / item.file)
+    make("grade", folder, 1200, f"PART={part.id}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def later_parts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Path]]]:
+    """The later parts this session tests, each released and graded in a folder of its own, two at a
+    time: grading one runs its notebooks one after another, on about one core. Each test waits for
+    its own part, so none is left running once they have ended."""
+    wanted = [p for p in LATER if any(item.nodeid.endswith(f"test_a_later_part_is_an_assignment_of_its_own[{p}]")
+                                      for item in request.session.items)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {p: pool.submit(release_and_grade, tmp_path_factory.mktemp(f"part_{p}"), p) for p in wanted}
+        pool.shutdown(cancel_futures=True)  # after a failure with -x, nothing more is started
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("part_id", LATER)
+def test_a_later_part_is_an_assignment_of_its_own(later_parts: dict[str, Future[Path]], part_id: str) -> None:
+    """`make release PART=processes_talk` (or another later part) hands out that part's notebooks and
+    files (not the lab's), and `make grade PART=...` gives solved exercises their points. Grading
+    runs the graded notebooks top to bottom: no cell of them may raise (tests/notebooks/test_notebooks.py
+    leaves them to this test)."""
+    part = registry.PART[part_id]
+    folder = later_parts[part_id].result()
+    released = folder / "release" / part.id
+    assert sorted(p.stem for p in released.glob("*.ipynb")) == sorted(p.stem for p in (ROOT / "notebooks").glob(part.notebooks))
+    for file in part.files:
+        assert (released / file).read_text() == (ROOT / file).read_text(), file
+    assert not (released / "fashion_mnist.py").exists()
+    assert grading.grades(folder / "grades.csv", part.id) == {
+        "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}
+    executed = sorted((folder / "autograded" / "solved" / part.id).glob("*.ipynb"))
+    assert [nb.stem for nb in executed] == sorted(part.graded_notebooks)
+    for notebook in executed:
+        code = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+        assert all(c.get("execution_count") for c in code), f"{notebook.name}: not every cell ran"
+        errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{notebook.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+
+
+def test_make_bench_reads_each_learners_time_from_the_grading_summary() -> None:
+    from autograde.tools import bench
+
+    shown = grading.summary([grading.Outcome("ada", 20, 20, []), grading.Outcome("bob", 8, 20, ["6", "7"])],
+                            {"ada": 41.6, "bob": 38.2})
+    assert shown.splitlines()[0].split() == ["student", "score", "time", "steps", "lost"]
+    assert [(m["learner"], m["seconds"]) for m in bench.TIME_COLUMN.finditer(shown)] == [("ada", "42"), ("bob", "38")]
+    assert "time" not in grading.summary([grading.Outcome("ada", 20, 20, [])])  # no times known: no column

@@ -1,0 +1,133 @@
+"""The exercises ask instead of tell: no exercise file gives its answer away in its comments or
+docstrings, and every exercise's notebook holds its hints in tiers the learner opens on purpose.
+
+The answer is what the course's solution has that the handed-out file does not: every line of
+the solution's code that is not in the exercise. None of its expressions may stand in the
+exercise's prose (a formula, an index, a call with its arguments); the API a TODO tells the
+learner to look up is a name, not an expression with its arguments, and passes. A batch script
+(.sbatch) is read as bash: its prose is its comment lines (not the shebang, not the #SBATCH
+lines, which are options), its code every other line."""
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import json
+import re
+import tokenize
+
+import pytest
+from conftest import ROOT
+
+from autograde.grading import registry
+
+EXERCISES = sorted({(i.file, str(i.checkpoint)) for i in registry.ITEMS if i.part != registry.FIRST and i.checkpoint})
+SHORTEST = 14  # characters: shorter expressions (`rank`, `p.grad`) are words a contract needs
+
+
+def _is_prose_line(line: str) -> bool:
+    """A batch script's comment line: not the shebang, not an #SBATCH line (sbatch's options)."""
+    text = line.strip()
+    return text.startswith("#") and not text.startswith(("#!", "#SBATCH"))
+
+
+def _bash_prose(source: str) -> str:
+    return _fold(" ".join(line.strip().lstrip("#") for line in source.splitlines() if _is_prose_line(line)))
+
+
+def _bash_answer(exercise: str, solution: str) -> set[str]:
+    """As _answer, for batch scripts: each added code line, each value assigned in it and each
+    command substitution ($(...), $((...)))."""
+    lines = solution.splitlines()
+    added = [lines[k] for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, exercise.splitlines(), lines).get_opcodes()
+             if tag in ("replace", "insert") for k in range(j1, j2) if not _is_prose_line(lines[k])]
+    found = set()
+    for line in added:
+        code = re.sub(r"\s+#\s.*$", "", line).strip()
+        pieces = [code, *re.split(r"(?<![=!<>])=(?!=)", code)[1:], *re.findall(r"\$\(\(?[^()]*\)?\)", code)]
+        found |= {_fold(p) for p in pieces if len(_fold(p)) >= SHORTEST}
+    return found
+
+
+def _prose(source: str) -> str:
+    """The comments and docstrings of a file, white space folded."""
+    parts = [tok.string.lstrip("#") for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            parts.append(ast.get_docstring(node) or "")
+    return _fold(" ".join(parts))
+
+
+def _fold(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _answer(exercise: str, solution: str) -> set[str]:
+    """The expressions of the solution's code lines that the exercise does not have (white space
+    folded): each whole line, and each right-hand side and call in it."""
+    lines = solution.splitlines()
+    prose_lines = {k for node in ast.walk(ast.parse(solution)) if isinstance(node, ast.Expr)
+                   and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                   for k in range(node.lineno - 1, node.end_lineno or node.lineno)}  # docstrings
+    added = [lines[k] for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, exercise.splitlines(), lines).get_opcodes()
+             if tag in ("replace", "insert") for k in range(j1, j2) if k not in prose_lines]
+    found = set()
+    for line in added:
+        code = line.split("#")[0].strip()
+        if not code:
+            continue
+        pieces = [code, *(side for side in re.split(r"(?<![=!<>])=(?!=)", code)[1:])]
+        try:
+            tree = ast.parse(code.rstrip(":") + (" pass" if code.endswith(":") else ""))
+            pieces += [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Call, ast.BinOp, ast.Subscript))]
+        except SyntaxError:
+            pass
+        found |= {_fold(p) for p in pieces if len(_fold(p)) >= SHORTEST}
+    return found
+
+
+@pytest.mark.parametrize("exercise,solution", EXERCISES, ids=[e for e, _ in EXERCISES])
+def test_no_exercise_gives_its_answer_in_its_prose(exercise: str, solution: str) -> None:
+    given = (ROOT / exercise).read_text()
+    bash = exercise.endswith(".sbatch")
+    prose = _bash_prose(given) if bash else _prose(given)
+    told = sorted(a for a in (_bash_answer if bash else _answer)(given, (ROOT / solution).read_text()) if a in prose)
+    assert not told, f"{exercise} gives the answer away in a comment or docstring: {told}"
+
+
+def test_the_check_finds_an_answer_written_in_a_todo() -> None:
+    """The rule above catches an answer told in prose: a TODO that spells out the share's formula."""
+    solution = "def share(rank, n, world_size):\n    start = rank * n // world_size\n    return start\n"
+    exercise = ("def share(rank, n, world_size):\n    # TODO pi: start at rank * n // world_size\n"
+                "    start = 0\n    return start\n")
+    assert any(answer in _prose(exercise) for answer in _answer(exercise, solution))
+    assert not any(answer in _prose(solution) for answer in _answer(solution, solution))
+
+
+def test_the_check_finds_an_answer_written_in_a_batch_scripts_todo() -> None:
+    """The same for a batch script: a TODO that spells out the address's command is caught, and
+    the #SBATCH lines and the code are not prose."""
+    solution = "#!/bin/bash\n#SBATCH --nodes=2\nMASTER_ADDR=$(scontrol show hostnames | head -n 1)\nsrun true\n"
+    exercise = ("#!/bin/bash\n# TODO slurm_job: MASTER_ADDR=$(scontrol show hostnames | head -n 1)\n"
+                "srun true\n")
+    assert _bash_answer(exercise, solution) >= {"#SBATCH--nodes=2", "$(scontrolshowhostnames|head-n1)"}
+    assert any(answer in _bash_prose(exercise) for answer in _bash_answer(exercise, solution))
+    assert not any(answer in _bash_prose(solution) for answer in _bash_answer(solution, solution))
+    assert "nodes=2" not in _bash_prose(solution)
+
+
+HINTS = ("Hint 1", "Hint 2", "Hint 3")
+
+
+@pytest.mark.parametrize("notebook", sorted({i.notebook for i in registry.ITEMS if i.part != registry.FIRST and i.graded
+                                             and i.id != "predict"}))
+def test_every_exercise_notebook_has_hints_in_tiers_opened_on_purpose(notebook: str) -> None:
+    """Each graded exercise's notebook has collapsed hints, in order: the idea, the shape of the
+    code, the key line (predict's notebook asks for predictions: its hint is running the calls)."""
+    cells = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    blocks = re.findall(r"<details><summary>(Hint \d)[^<]*</summary>", text)
+    assert blocks, f"{notebook} has no hints in <details> blocks"
+    assert all(tier in blocks for tier in HINTS), f"{notebook}'s hints are not in three tiers: {blocks}"
+    assert text.count("<details>") == text.count("</details>"), f"{notebook} has an unclosed <details>"

@@ -1,0 +1,84 @@
+"""Debugging hangs (notebook 23): demos/hangs.py really hangs, and the notebook's helpers find
+where each rank waits (py-spy, and faulthandler without it), read TORCH_DISTRIBUTED_DEBUG=DETAIL's
+verdict, and leave no process behind. That each fix finishes is proved by the notebook itself,
+which runs all three under nbval (tests/notebooks/test_notebooks.py) and fails on a launch that fails."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_python
+
+from autograde.engine import processes
+from autograde.parts.inside import notebook as inside
+
+pytestmark = pytest.mark.launch  # every test here starts processes
+
+SCRIPT = ROOT / inside.HANGS
+
+
+def _hangs_running(deadline: float = 30.0) -> list[int]:
+    """Live processes that a launch of this test started (each carries its launch's mark, and runs
+    hangs.py or py-spy), once they have had up to `deadline` seconds to be reaped: a loaded machine
+    can take a while to end the processes a launch killed."""
+    own = os.environ.get(processes.MARK)
+    give_up = time.monotonic() + deadline
+    while True:
+        left = [pid for state, _, _, pid, mark in processes._processes() if mark and mark != own and state != "Z"
+                and _runs_hangs(pid)]
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.2)
+
+
+def _runs_hangs(pid: int) -> bool:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False  # gone while we looked
+    return b"hangs.py" in command or b"py-spy" in command
+
+
+def test_a_barrier_on_rank_0_alone_is_found_where_each_rank_waits() -> None:
+    stacks = inside.where_they_wait("one_rank_collective", settle=3)
+    assert inside.waiting_line(stacks[0]).startswith("in barrier (")
+    assert inside.waiting_line(stacks[1]).startswith("in all_reduce (")
+    assert all("(hangs.py:" in inside.waiting_line(frames) for frames in stacks.values())
+    assert not _hangs_running()
+
+
+def test_without_py_spy_faulthandler_gives_the_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inside, "_py_spy", lambda: None)
+    stacks = inside.where_they_wait("uneven_batches", settle=3)
+    assert inside.waiting_line(stacks[0]).startswith("in barrier (")
+    assert any("backward" in frame for frame in stacks[1]), stacks[1]  # rank 1: its extra batch's backward()
+    assert not _hangs_running()
+
+
+def test_detail_names_the_collectives_the_ranks_disagree_on() -> None:
+    said = inside.detail("early_stop_rank0")
+    assert said.startswith("Detected mismatch between collectives on ranks") and "Rank 0" in said and "Rank 1" in said, said
+
+
+def test_a_run_that_does_not_hang_is_said_in_one_line() -> None:
+    with pytest.raises(inside.HangError, match="ended by itself"):
+        inside.where_they_wait("none", settle=30)
+    assert not _hangs_running()
+
+
+def test_the_fix_for_uneven_batches_needs_ddp() -> None:
+    result = run_python(SCRIPT, "--bug", "uneven_batches", "--fix", "--by-hand", timeout=60)
+    assert result.returncode == 2 and "Join" in result.stderr and "Traceback" not in result.output, result.output
+
+
+def test_a_hang_that_times_out_ends_in_one_line() -> None:
+    """docs/course.md's `--bug uneven_batches --timeout N`: the job hangs until the process group gives
+    up, then says which rank stopped waiting and why in one line, not a traceback per rank."""
+    result = run_python(SCRIPT, "--world-size", "2", "--bug", "uneven_batches", "--timeout", "5", timeout=90)
+    assert result.returncode == 1 and not result.timed_out and "Traceback" not in result.output, result.output[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("hangs.py:")]
+    assert re.fullmatch(r"hangs\.py: rank [01] stopped waiting: .*Timed out waiting 5000ms.*", line), line
+    assert not _hangs_running()

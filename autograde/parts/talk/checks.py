@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from autograde.engine import output
 from autograde.engine.run import PEER_LOST, Run
-from autograde.engine.verdicts import require, run_ok
+from autograde.engine.verdicts import RankReport, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.talk.reports import (
     COLLECTIVES_WORLD_SIZE,
@@ -40,11 +40,12 @@ SAMPLER_RUNS = RunKind("sampler")
 RING_RUNS = RunKind("ring")
 
 
-Report = TypeVar("Report", RingReport, SamplerReport, CollectivesReport)
+Report = TypeVar("Report", bound=RankReport)  # any of the part's report types, with no list of them to keep
 
 
 def _reports(run: Run, kind: type[Report]) -> list[Report]:
-    """Each rank's report of a run of autograde/inprocess/runner.py, by rank."""
+    """Each rank's report of a run of autograde/inprocess/runner.py, by world size and rank. Each
+    check judges the ranks' errors itself, with a hint of its own."""
     ranks: list[dict[str, Any]] = (run.report or {}).get("ranks", [])
     return sorted((decode(kind, r) for r in ranks), key=lambda r: (r.world_size, r.rank))
 

@@ -12,10 +12,9 @@ from typing import Callable, Sequence
 
 from autograde import settings
 from autograde.engine import processes
-from autograde.grading import registry
-from autograde.grading import cache, judge
-from autograde.engine.workspace import RunKind, Unmade, Workspace
 from autograde.engine.verdicts import Result
+from autograde.engine.workspace import RunKind, Unmade, Workspace
+from autograde.grading import cache, judge, registry
 
 Step = str | int | float
 

@@ -19,9 +19,9 @@ from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
+from autograde import settings
 from autograde.engine import code
 from autograde.engine.verdicts import Result
-from autograde import settings
 
 
 def folder() -> Path:

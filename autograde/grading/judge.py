@@ -9,6 +9,7 @@ from autograde.engine.workspace import Abandoned, Unmade, Workspace
 from autograde.grading import registry
 from autograde.grading.registry import label as _label
 
+
 def _with_problems(ws: Workspace, step: str, observed: str) -> str:
     """`observed`, plus what went wrong in the runs the item read (a deadlock, a crash)."""
     for run in _runs_read(ws, step):

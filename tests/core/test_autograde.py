@@ -12,6 +12,7 @@ from mistakes import EXERCISE_MISTAKES, MISTAKES, Mistake
 from autograde.engine import processes
 from autograde.engine.verdicts import Result
 from autograde.grading import api, cache, registry
+from autograde.parts.lab import runs as lab_runs
 
 # How far each file of the lab gets: all steps up to its own, and not the next one.
 ORDER = [s for s in registry.FIRST_ITEMS if s != "optional"]
@@ -232,13 +233,13 @@ def test_module_level_arguments_are_each_nodes_own(tmp_path: Path) -> None:
 
 @pytest.mark.launch
 def test_the_options_a_script_accepts_come_from_its_own_parser(tmp_path: Path) -> None:
-    """What runtime.train passes (--master-port from Step 2 on) is decided by the script's parser,
+    """What lab.train passes (--master-port from Step 2 on) is decided by the script's parser,
     not its text: single quotes, or an option the starter lacks, are told apart."""
     script = tmp_path / "fashion_mnist.py"
     script.write_text(SOLUTION.read_text().replace('"--master-port"', "'--master-port'"))
     assert "'--master-port'" in script.read_text()
-    assert "--master-port" in api.options(script)
-    assert "--master-port" not in api.options(STARTER)
+    assert "--master-port" in lab_runs.script_options(script)
+    assert "--master-port" not in lab_runs.script_options(STARTER)
 
 
 @pytest.mark.launch

@@ -41,7 +41,7 @@ def test_notebooks_are_stored_without_outputs() -> None:
 def test_a_failing_or_hanging_launch_fails_its_cell(tmp_path: Path) -> None:
     """What `!cmd` would not do: a launch that fails, or runs out of time, fails the notebook."""
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde.notebook import runtime"),
+    notebook.cells = [nbformat.v4.new_code_cell("import sys\nfrom autograde.jupyter import runtime"),
                       nbformat.v4.new_code_cell("runtime.run([sys.executable, '-c', 'import sys; sys.exit(3)'])"),
                       nbformat.v4.new_code_cell("runtime.run(['sleep', '60'], timeout=2)"),
                       nbformat.v4.new_code_cell("print(runtime.run([sys.executable, '-c', 'print(6 * 7)']))")]

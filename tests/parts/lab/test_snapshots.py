@@ -10,7 +10,8 @@ import torch
 from conftest import QUICK, SOLUTION, STARTER, TRAIN_SIZE, probe_env, reference_metrics, run_python, snapshot
 
 from autograde.engine import output, processes
-from autograde.grading import api, registry
+from autograde.grading import registry
+from autograde.parts.lab import runs as lab_runs
 
 STEPS = list(range(11))
 MARKER = re.compile(r"#\s*(?:TODO\s+)?(?:Step\s+(\d+(?:\.5)?)|(Optional))\b")
@@ -90,7 +91,7 @@ def test_single_process_version_trains_an_epoch(name: str, stand_in: Path, tmp_p
     """These versions still train as one process, and print numbers that add up."""
     script = STARTER if name == "starter" else snapshot(int(name.rsplit("_", 1)[1]))
     args = ["--data-dir", stand_in, *QUICK]
-    if "--master-port" in api.options(script):  # what its parser accepts (Step 2 on)
+    if "--master-port" in lab_runs.script_options(script):  # what its parser accepts (Step 2 on)
         args += ["--master-port", str(processes.free_port())]
     result = run_python(script, *args, timeout=180, env=probe_env(tmp_path))
     assert result.returncode == 0, result.output

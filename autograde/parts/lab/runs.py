@@ -75,24 +75,31 @@ def _read(folder: Path) -> dict[str, Any] | None:
     return json.loads(report.read_text()) if report.exists() else None
 
 
+def _plain(pairs: Argv) -> Argv:
+    """A command line's pairs as JSON holds them (paths as strings), for a task's options."""
+    return [[option, value if value is None or isinstance(value, int) else str(value)] for option, value in pairs]
+
+
 def _common(data_dir: Path, epochs: int = EPOCHS, port: int | None = None) -> Argv:
     return [["--widen-factor", 1], ["--batch-size", 16], ["--epochs", epochs], ["--target-accuracy", 0],
             ["--patience", 2], ["--data-dir", data_dir], ["--master-port", port or processes.free_port()]]
 
 
-def _setup(ws: Workspace) -> Run:
+def setup(ws: Workspace) -> Run:
+    """The script's start-up code for node 2 of 3 with 2 processes each (world size 6)."""
     argv = [["--num-nodes", 3], ["--node-id", 2], ["--num-gpus", 2]] + _common(ws.root / "unused")
-    task = SetupTask(script=str(ws.script), argv=json.loads(json.dumps(argv, default=str)))
+    task = SetupTask(script=str(ws.script), argv=_plain(argv))
     return ws.once(SETUP, "", "setup run", lambda folder: [task_command(task, folder)], [], gpus=[""], read=_read,
                    about="the start-up code, as node 2 of 3")
 
 
-def _workers(ws: Workspace) -> Run:
+def workers(ws: Workspace) -> Run:
+    """worker(local_rank, args) in every process of the workspace's simulated nodes, each with its own disk."""
     port = processes.free_port()
     nodes = [[["--num-nodes", ws.nodes], ["--node-id", k], ["--num-gpus", ws.procs_per_node]]
              + _common(ws.root / f"node{k}-disk", port=port) for k in range(ws.nodes)]
     # the driver itself never starts CUDA; each node's processes see only the node's GPUs
-    task = WorkersTask(script=str(ws.script), nodes=json.loads(json.dumps(nodes, default=str)),
+    task = WorkersTask(script=str(ws.script), nodes=[_plain(node) for node in nodes],
                        procs_per_node=ws.procs_per_node, node_gpus=plan(ws)["workers"] or [""] * ws.nodes)
     return ws.once(WORKERS, "", "workers run", lambda folder: [task_command(task, folder)], [], gpus=[""], read=_read,
                    about=f"worker() in {ws.world_size} processes ({ws.nodes} simulated nodes x {ws.procs_per_node})")
@@ -128,14 +135,16 @@ def _argv(ws: Workspace, pairs: Argv) -> list[str]:
     return argv
 
 
-def _program(ws: Workspace) -> Run:
+def program(ws: Workspace) -> Run:
+    """`python script.py --num-gpus 2 ...`: the script launching its own processes."""
     sync_bn: Argv = [["--sync-bn", None]] if on_gpu(ws, "program") else []  # the Optional step's check reads this run
     argv = _argv(ws, [["--num-gpus", 2]] + sync_bn + _common(ws.root / "program" / "data", epochs=1))
     return ws.once(PROGRAM, "", "program run", lambda folder: [[processes.PYTHON, str(ws.script), *argv]], argv,
                    gpus=plan(ws)["program"] or [""])
 
 
-def _two_nodes(ws: Workspace) -> Run:
+def two_nodes(ws: Workspace) -> Run:
+    """Two node commands (--num-nodes 2 --node-id 0|1 --num-gpus 1) started together on this machine."""
     port = processes.free_port()
     commands = []
     for k in (0, 1):  # each node with a disk of its own
@@ -147,27 +156,8 @@ def _two_nodes(ws: Workspace) -> Run:
                    gpus=plan(ws)["two_nodes"] or ["", ""])
 
 
-SETUP = RunKind("setup", make=_setup)
-WORKERS = RunKind("workers", make=_workers)
-PROGRAM = RunKind("program", make=_program, needs=(SETUP,))
-TWO_NODES = RunKind("two_nodes", make=_two_nodes, needs=(SETUP,))
+SETUP = RunKind("setup", make=setup)
+WORKERS = RunKind("workers", make=workers)
+PROGRAM = RunKind("program", make=program, needs=(SETUP,))
+TWO_NODES = RunKind("two_nodes", make=two_nodes, needs=(SETUP,))
 
-
-def setup(ws: Workspace) -> Run:
-    """The script's start-up code for node 2 of 3 with 2 processes each (world size 6)."""
-    return _setup(ws)
-
-
-def workers(ws: Workspace) -> Run:
-    """worker(local_rank, args) in every process of the workspace's simulated nodes, each with its own disk."""
-    return _workers(ws)
-
-
-def program(ws: Workspace) -> Run:
-    """`python script.py --num-gpus 2 ...`: the script launching its own processes."""
-    return _program(ws)
-
-
-def two_nodes(ws: Workspace) -> Run:
-    """Two node commands (--num-nodes 2 --node-id 0|1 --num-gpus 1) started together on this machine."""
-    return _two_nodes(ws)

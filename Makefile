@@ -18,7 +18,7 @@ EXT_LEVEL ?= sys_prefix
 # JupyterLab settings that live in the environment, never in your home folder
 JUPYTER_CONFIG := $(wildcard jupyter-config/*)
 
-.PHONY: help setup lab lint test test-fast test-notebooks run check bench data synthetic-data release grade learner-mode instructor-mode clean
+.PHONY: help setup lab lint test test-fast test-notebooks run check bench data synthetic-data release grade scores learner-mode instructor-mode clean
 
 help:
 	@echo "make lab             JupyterLab on the course (LAB_ARGS='--ip 0.0.0.0 --no-browser' on a remote node)"
@@ -36,6 +36,7 @@ help:
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
 	@echo "make grade           instructors: autograde grading/submitted/ (JOBS learners at once; default one per core), feedback, grades.csv, scores"
+	@echo "make scores          instructors: feedback and grades.csv again after grading answers by hand (no autograding)"
 	@echo "make release-exchange / collect / return-feedback   instructors: through nbgrader's exchange (EXCHANGE=dir)"
 	@echo "make learner-mode    nbgrader's instructor extensions off, the default (make instructor-mode: on)"
 
@@ -151,6 +152,10 @@ release: setup
 
 grade: setup
 	$(COURSE) grade $(PART_OPT) $(if $(JOBS),--jobs $(JOBS))
+
+# after grading answer cells by hand in the formgrader: feedback and grades.csv again, no autograding
+scores: setup
+	$(COURSE) scores $(PART_OPT)
 
 .PHONY: release-exchange collect return-feedback
 release-exchange: setup

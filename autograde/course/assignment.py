@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ class CourseError(RuntimeError):
 
 # The hidden tests, item -> the extra layouts its grade cell checks when grading: the registry's.
 HIDDEN_TESTS: dict[str, list[Layout]] = {item.id: list(item.hidden) for item in registry.ITEMS if item.hidden}
+HIDDEN_GRADE_IDS = {registry.item(step).grade_id for step in HIDDEN_TESTS}  # the grade cells they go into
 
 
 def hidden_layouts() -> dict[str, tuple[list[str], Layout]]:
@@ -53,9 +55,61 @@ def grade_id(step: str) -> str:
     return registry.item(step).grade_id
 
 
-def step_of(grade_id: str) -> str:
-    """The item a grade cell grades (an id may hold "_" itself: step_lr_scaling is lr_scaling)."""
+def step_of(grade_id: str) -> str | None:
+    """The item a grade cell grades (an id may hold "_" itself: step_lr_scaling is lr_scaling); None
+    for an answer cell, which no item grades (a grade id that is neither raises KeyError)."""
+    if is_answer(grade_id):
+        return None
     return {item.grade_id: item.id for item in registry.ITEMS}[grade_id]
+
+
+# An answer cell: the learner's free-text answer to a question no code can judge (a prediction made
+# before a run, what a trace shows), graded by hand in nbgrader's formgrader. Every other grade
+# cell is an item's check (autograded). This is the one place that says what an answer cell is.
+ANSWER_PREFIX = "answer_"
+ANSWER_TEXT = "YOUR ANSWER HERE"  # nbgrader's own placeholder for a markdown solution cell
+ANSWER_ID = re.compile(r"answer_(?P<notebook>\d\d)_[a-z0-9]+(_[a-z0-9]+)*")  # answer_23_where_ranks_wait
+
+
+def is_answer(grade_id: str) -> bool:
+    """Whether a grade cell's id names an answer cell (graded by hand) rather than an item's."""
+    return grade_id.startswith(ANSWER_PREFIX)
+
+
+def answer_ids(notebook: dict) -> list[str]:
+    """The grade ids of the answer cells of `notebook` (JSON), in order."""
+    ids = [cell["metadata"].get("nbgrader", {}).get("grade_id", "") for cell in notebook["cells"]
+           if cell["metadata"].get("nbgrader", {}).get("grade")]
+    return [i for i in ids if is_answer(i)]
+
+
+def answer_metadata(notebook: str, topic: str, points: int = 1) -> dict:
+    """The nbgrader metadata of an answer cell in `notebook` ("23_debugging_hangs") about `topic`."""
+    return {"nbgrader": {"grade": True, "grade_id": f"{ANSWER_PREFIX}{notebook[:2]}_{topic}", "locked": False,
+                         "points": points, "schema_version": 3, "solution": True, "task": False}}
+
+
+def answer_cell(notebook: str, topic: str, points: int = 1) -> dict:
+    """A new answer cell, as the learner's notebook holds it before they write in it."""
+    metadata = answer_metadata(notebook, topic, points)
+    return {"cell_type": "markdown", "id": metadata["nbgrader"]["grade_id"], "metadata": metadata, "source": [ANSWER_TEXT]}
+
+
+def answer_faults(cell: dict, notebook: str) -> list[str]:
+    """What keeps `cell`, a grade cell of `notebook` whose id says answer_, from being an answer cell
+    (none: it is one): markdown, the learner's to write (unlocked, a solution), graded for points,
+    its id answer_<the notebook's number>_<topic>, the placeholder as its text in notebooks/."""
+    meta = cell["metadata"].get("nbgrader", {})
+    grade_id = str(meta.get("grade_id", ""))
+    found = ANSWER_ID.fullmatch(grade_id)
+    wanted = {"markdown cell": cell["cell_type"] == "markdown",
+              f"id {ANSWER_PREFIX}{notebook[:2]}_<topic> (snake_case)": bool(found and found["notebook"] == notebook[:2]),
+              "graded (grade: true)": meta.get("grade") is True,
+              "the learner's to write (solution: true)": meta.get("solution") is True,
+              "unlocked (locked: false)": not meta.get("locked"),
+              "points > 0": isinstance(meta.get("points"), (int, float)) and meta["points"] > 0,
+              f"text {ANSWER_TEXT!r}": "".join(cell["source"]).strip() == ANSWER_TEXT}
+    return [f"{notebook}: answer cell {grade_id or '(no id)'} is not {what}" for what, ok in wanted.items() if not ok]
 
 
 def hidden_test_block(step: str) -> str:
@@ -74,6 +128,14 @@ def add_hidden_tests(notebook: dict, name: str) -> list[str]:
         source = "".join(cell["source"])
         if not meta.get("grade"):
             continue
+        if is_answer(meta["grade_id"]):  # graded by hand: no tests, hidden or not
+            faults = answer_faults(cell, Path(name).stem)
+            if faults:
+                raise CourseError(faults[0])
+            continue
+        if meta["grade_id"] not in {i.grade_id for i in registry.ITEMS}:
+            raise CourseError(f"{name}: grade cell {meta['grade_id']} grades no item of autograde/grading/registry.py "
+                              f"and is no answer cell ({ANSWER_PREFIX}<NN>_<topic>)")
         if BEGIN_HIDDEN in source:
             raise CourseError(f"{name}: grade cell {meta['grade_id']} has hidden tests of its own: "
                               f"they belong in autograde/grading/registry.py (an item's `hidden`), not in {NOTEBOOKS}/")
@@ -157,6 +219,9 @@ def build_source(repo: Path | None = None, rev: str = "HEAD", part: str = regist
         if target.suffix == ".ipynb":
             notebook = json.loads(contents)
             with_hidden += add_hidden_tests(notebook, path)
+            if answer_ids(notebook) and not fnmatch.fnmatch(target.stem, registry.PART[part].graded):
+                raise CourseError(f"{path} has answer cells, but grading runs only {part}'s notebooks "
+                                  f"{registry.PART[part].graded!r} (its Part's `graded` in autograde/parts/)")
             contents = (json.dumps(notebook, indent=1, ensure_ascii=False) + "\n").encode()
         target.write_bytes(contents)
     unplaced = sorted({s for s in HIDDEN_TESTS if registry.item(s).part == part} - set(with_hidden), key=float)

@@ -1,4 +1,4 @@
-"""`python -m autograde.course release|grade|release-exchange|collect|return-feedback`: the
+"""`python -m autograde.course release|grade|scores|release-exchange|collect|return-feedback`: the
 Makefile's instructor targets."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 from autograde import settings
 from autograde.course.assignment import EXCHANGE_DEFAULT, WORKING_COPY, CourseError
-from autograde.course.grading import EXCHANGE_COMMANDS, exchange, grade, release
+from autograde.course.grading import EXCHANGE_COMMANDS, exchange, grade, release, scores
 from autograde.grading import registry
 
 
@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     make_grade = commands.add_parser("grade", help="autograde submitted/, write feedback/, export grades.csv")
     make_grade.add_argument("--jobs", type=_positive, default=None, metavar="N",
                             help="learners graded at once (default: one per core)")
-    subcommands = [make_release, make_grade]
+    make_scores = commands.add_parser("scores", help="feedback/ and grades.csv again from the gradebook, without "
+                                      "autograding (after grading answers by hand in the formgrader)")
+    subcommands = [make_release, make_grade, make_scores]
     for name, nbgrader_command in EXCHANGE_COMMANDS.items():
         sub = commands.add_parser(name, help=f"nbgrader {nbgrader_command} through the exchange")
         subcommands.append(sub)
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             release(args.rev, args.part)
         elif args.command == "grade":
             grade(args.part, args.jobs)
+        elif args.command == "scores":
+            scores(args.part)
         else:
             exchange(EXCHANGE_COMMANDS[args.command], args.exchange, args.nbgrader_args, args.part)
     except CourseError as err:

@@ -1,6 +1,8 @@
 """Release, grade and hand back a part with nbgrader: `release` builds the source assignment and
 nbgrader's student version, `grade` autogrades every submission's graded notebooks, writes
-feedback, exports grades.csv and sums each learner's score, and `exchange` runs nbgrader's exchange
+feedback, exports grades.csv and sums each learner's score (answer cells, graded by hand in the
+formgrader, are reported pending until they are; `scores` writes feedback and grades.csv again
+after hand grading, without autograding again), and `exchange` runs nbgrader's exchange
 commands (release_assignment, collect, release_feedback) on a shared machine."""
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from autograde import settings
-from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, root, step_of
+from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, is_answer, root, step_of
 from autograde.course.nbgrader_run import LogFilter, nbgrader
 from autograde.grading import registry
 
@@ -39,16 +41,32 @@ def grades(path: Path, part: str = registry.FIRST) -> dict[str, float]:
                 if row["assignment"] == part}
 
 
+def pending_by_hand(path: Path, part: str = registry.FIRST) -> dict[str, float]:
+    """Each student's points still to grade by hand (answer cells) for the part in the exported CSV."""
+    with path.open(newline="") as handle:
+        return {row["student_id"]: float(row[PENDING_COLUMN]) for row in csv.DictReader(handle)
+                if row["assignment"] == part}
+
+
 @dataclass
 class Outcome:
     student: str
     score: float
     max_score: float
     lost: list[str]  # the steps with fewer points than they are worth, in step order
+    pending: list[str] = field(default_factory=list)  # the answer cells not graded by hand yet, in notebook order
+    pending_points: float = 0  # what they are worth: not lost, not yet given
+
+
+def pending(grade: object) -> bool:
+    """Whether a grade (nbgrader's Grade) awaits grading by hand: no autograder's score and no
+    instructor's (an answer cell before the formgrader; nbgrader counts it 0 in the score meanwhile)."""
+    return getattr(grade, "auto_score", None) is None and getattr(grade, "manual_score", None) is None
 
 
 def outcomes(part: str = registry.FIRST) -> list[Outcome]:
-    """Each graded student's score for the part and the items lost, from the gradebook."""
+    """Each graded student's score for the part, the items lost and the answers still to grade by
+    hand, from the gradebook."""
     from nbgrader.api import Gradebook  # only where grading happens
 
     database = root() / "gradebook.db"
@@ -57,22 +75,60 @@ def outcomes(part: str = registry.FIRST) -> list[Outcome]:
     found = []
     with Gradebook(f"sqlite:///{database}") as gradebook:
         for submission in gradebook.assignment_submissions(part):
-            cells = [g for nb in submission.notebooks for g in nb.grades]
-            lost = sorted((step_of(g.name) for g in cells if (g.score or 0) < g.max_score), key=registry.IDS.index)
-            found.append(Outcome(submission.student_id, submission.score, submission.max_score, lost))
+            cells = [g for nb in sorted(submission.notebooks, key=lambda n: n.name) for g in nb.grades]
+            items = [g for g in cells if not is_answer(g.name)]
+            lost = sorted((str(step_of(g.name)) for g in items if (g.score or 0) < g.max_score), key=registry.IDS.index)
+            waiting = [g for g in cells if is_answer(g.name) and pending(g)]
+            found.append(Outcome(submission.student_id, submission.score, submission.max_score, lost,
+                                 [g.name for g in waiting], sum(g.max_score for g in waiting)))
     return sorted(found, key=lambda o: o.student)
 
 
+PENDING_COLUMN = "pending_by_hand"  # grades.csv: the points of answers not graded by hand yet
+
+
+def mark_pending(export: Path) -> None:
+    """Add to nbgrader's grades.csv a column with each row's points still to grade by hand, so that
+    a 0 for an answer nobody has read is not taken for a wrong one."""
+    from nbgrader.api import Gradebook
+
+    waiting: dict[tuple[str, str], float] = {}
+    with Gradebook(f"sqlite:///{root() / 'gradebook.db'}") as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in gradebook.assignment_submissions(assignment.name):
+                waiting[assignment.name, submission.student_id] = sum(
+                    g.max_score for nb in submission.notebooks for g in nb.grades if is_answer(g.name) and pending(g))
+    with export.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        columns, rows = [*(reader.fieldnames or []), PENDING_COLUMN], list(reader)
+    for row in rows:
+        row[PENDING_COLUMN] = f"{waiting.get((row['assignment'], row['student_id']), 0):g}"
+    with export.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def summary(results: Sequence[Outcome], seconds: Mapping[str, float] | None = None) -> str:
-    """A line per student: the score, how long grading took (when known) and the steps that lost
-    points (feedback/ says why)."""
+    """A line per student: the score, how long grading took (when known), the steps that lost
+    points (feedback/ says why) and, when some are, the answers still to grade by hand."""
     seconds = seconds or {}
     width = max([len("student"), *(len(o.student) for o in results)])
     timed = f"  {'time':>6}" if seconds else ""
-    lines = [f"{'student':<{width}}  {'score':>7}{timed}  steps lost"]
+    by_hand = any(o.pending for o in results)
+    lost_width = max([len("steps lost"), *(len(" ".join(o.lost) or "none") for o in results)])
+    lines = [f"{'student':<{width}}  {'score':>7}{timed}  " + (f"{'steps lost':<{lost_width}}  to grade by hand (pending)"
+                                                            if by_hand else "steps lost")]
     for o in results:
         took = "" if not seconds else f"  {seconds[o.student]:>4.0f} s" if o.student in seconds else f"  {'':>6}"
-        lines.append(f"{o.student:<{width}}  {f'{o.score:g}/{o.max_score:g}':>7}{took}  {' '.join(o.lost) or 'none'}")
+        line = f"{o.student:<{width}}  {f'{o.score:g}/{o.max_score:g}':>7}{took}  {' '.join(o.lost) or 'none'}"
+        if by_hand:
+            waiting = f"{o.pending_points:g} point(s): {' '.join(o.pending)}" if o.pending else "none"
+            line = f"{line:<{len(lines[0]) - len('to grade by hand (pending)')}}{waiting}"
+        lines.append(line)
+    if by_hand:
+        lines.append("(answers to grade by hand count 0 in the score until graded: docs/instructors.md, "
+                     "grading answers by hand; then `make scores`)")
     return "\n".join(lines)
 
 
@@ -121,9 +177,18 @@ def grade(part: str = registry.FIRST, at_once: int | None = None) -> Path:
         log.add(each)
     if log.summary():
         print(log.summary())
+    return scores(part, seconds)
+
+
+def scores(part: str = registry.FIRST, seconds: Mapping[str, float] | None = None) -> Path:
+    """Write the feedback, export grades.csv (with the points still to grade by hand) and print the
+    scores from the gradebook as it is: after `grade`, and again after grading answers by hand."""
+    if not (root() / "gradebook.db").is_file():
+        raise CourseError(f"no gradebook at {root() / 'gradebook.db'}: run `make grade` first")
     nbgrader("generate_feedback", part, "--force")
     export = root() / "grades.csv"
     nbgrader("export", f"--to={export}")
+    mark_pending(export)
     print(summary(outcomes(part), seconds))
     print(f"grades: {export}; feedback: {root() / 'feedback'}/<student>/{part}/ "
           f"(`make return-feedback` hands it back through the exchange)")

@@ -7,7 +7,7 @@ import os
 import re
 
 from autograde import settings
-from autograde.course.assignment import HERE, HIDDEN_TESTS, CourseError, root, step_of
+from autograde.course.assignment import HERE, HIDDEN_GRADE_IDS, CourseError, root
 from autograde.engine import processes
 
 # Known-harmless lines of nbgrader's log, left out of what the course commands print (and counted).
@@ -61,7 +61,7 @@ class LogFilter:
                 self._skip_source_line = name == "sqlalchemy"
                 return False
         match = CHECKSUM.search(line)
-        if match and self.released.get(match[1]) == match[3] and step_of(match[1]) in HIDDEN_TESTS:
+        if match and self.released.get(match[1]) == match[3] and match[1] in HIDDEN_GRADE_IDS:
             self.counts["hidden"] += 1
             return False
         return True

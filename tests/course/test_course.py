@@ -50,18 +50,25 @@ def grade_cells(folder: Path) -> dict[str, str]:
             for nb in sorted(folder.glob("*.ipynb")) for c in cells(nb)}
 
 
+def autograded(folder: Path) -> dict[str, str]:
+    """The grade cells of the items (answer cells, graded by hand, left out)."""
+    return {k: v for k, v in grade_cells(folder).items() if not assignment.is_answer(k)}
+
+
 def test_every_graded_step_has_one_grade_cell_with_its_points() -> None:
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     # grading runs each part's graded notebooks (tests/core/test_registry.py): exactly those with grade cells
-    assert {nb.stem for nb in notebooks if cells(nb)} == {n for p in registry.PARTS for n in p.graded_notebooks}
-    found = [c for nb in notebooks for c in cells(nb)]
+    graded = {n for p in registry.PARTS for n in p.graded_notebooks}
+    answered = {nb.stem for nb in notebooks if any(assignment.answer_ids(json.loads(nb.read_text())))}
+    assert {nb.stem for nb in notebooks if cells(nb)} == graded | answered
+    found = [c for nb in notebooks for c in cells(nb) if not assignment.is_answer(c["metadata"]["nbgrader"]["grade_id"])]
     points = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in found}
     assert points == {assignment.grade_id(i.id): i.points for i in registry.ITEMS if i.graded}
 
 
 def test_the_learners_notebooks_carry_no_hidden_tests() -> None:
-    for grade_id, source in grade_cells(ROOT / "notebooks").items():
-        step = assignment.step_of(grade_id)
+    for grade_id, source in autograded(ROOT / "notebooks").items():
+        step = str(assignment.step_of(grade_id))
         assert "HIDDEN TESTS" not in source and "procs_per_node" not in source, grade_id
         argument = step if step.isdigit() else f'"{step}"'
         assert source.splitlines()[-1] == f"autograde.assert_step({argument})"
@@ -78,9 +85,9 @@ def test_the_hidden_tests_go_into_the_source_assignment_only(course_dir: Path) -
             assert "HIDDEN TESTS" not in cell
     assert "autograde.assert_step(5, procs_per_node=1, nodes=3)" in source["step_5"]
     assert "autograde.assert_step(4, procs_per_node=3, nodes=1)" in source["step_4"]
-    released = grade_cells(course_dir / "release" / registry.FIRST)
-    assert released == {k: v for k, v in grade_cells(ROOT / "notebooks").items()  # the student version: what
-                        if registry.item(assignment.step_of(k)).part == LAB.id}      # learners ran
+    released = autograded(course_dir / "release" / registry.FIRST)
+    assert released == {k: v for k, v in autograded(ROOT / "notebooks").items()  # the student version: what
+                        if registry.item(str(assignment.step_of(k))).part == LAB.id}  # learners ran
 
 
 @pytest.mark.launch
@@ -231,8 +238,11 @@ def test_a_later_part_is_an_assignment_of_its_own(later_parts: dict[str, Future[
     assert not (released / "fashion_mnist.py").exists()
     assert grading.grades(folder / "grades.csv", part.id) == {
         "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}
+    answers = [c["metadata"]["nbgrader"]["points"] for nb in released.glob("*.ipynb") for c in cells(nb)
+               if assignment.is_answer(c["metadata"]["nbgrader"]["grade_id"])]
+    assert grading.pending_by_hand(folder / "grades.csv", part.id) == {"solved": sum(answers)}  # not read yet
     executed = sorted((folder / "autograded" / "solved" / part.id).glob("*.ipynb"))
-    assert [nb.stem for nb in executed] == sorted(part.graded_notebooks)
+    assert [nb.stem for nb in executed] == sorted(p.stem for p in released.glob(f"{part.graded}.ipynb"))
     for notebook in executed:
         code = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
         assert all(c.get("execution_count") for c in code), f"{notebook.name}: not every cell ran"
@@ -248,3 +258,78 @@ def test_make_bench_reads_each_learners_time_from_the_grading_summary() -> None:
     assert shown.splitlines()[0].split() == ["student", "score", "time", "steps", "lost"]
     assert [(m["learner"], m["seconds"]) for m in bench.TIME_COLUMN.finditer(shown)] == [("ada", "42"), ("bob", "38")]
     assert "time" not in grading.summary([grading.Outcome("ada", 20, 20, [])])  # no times known: no column
+
+
+# --- answer cells: free text, graded by hand ---------------------------------------------------------
+
+ANSWER_NOTEBOOK = "03_steps_answered"  # a lab notebook (graded: its name says step) holding only a question
+LEARNERS_ANSWER = "Rank 0 waits in init_process_group until its timeout: 1 of 2 joined."
+
+
+@pytest.mark.launch
+def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_hand(
+        clone: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A notebook with an answer cell, released and graded with nbgrader for real: the student
+    version keeps the cell for the learner to write in, autograding keeps the learner's answer and
+    leaves it to the instructor (pending, not 0 of 1), and once it is graded by hand (as the
+    formgrader does, in the gradebook) `scores` counts it."""
+    from nbgrader.api import Gradebook
+
+    for old in (clone / "notebooks").glob("*.ipynb"):
+        old.unlink()  # the course's notebooks run every check: this one has nothing to run but a question
+    question = {"cell_type": "markdown", "id": "question", "metadata": {},
+                "source": ["**Predict first:** where does rank 0 wait when node 1 never comes?"]}
+    answer = assignment.answer_cell(ANSWER_NOTEBOOK, "lonely_node")
+    notebook = {"cells": [question, answer], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (clone / "notebooks" / f"{ANSWER_NOTEBOOK}.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
+    monkeypatch.setattr(assignment, "HIDDEN_TESTS", {})  # their grade cells are in notebooks left out here
+    monkeypatch.setattr(assignment, "REPO", clone)
+    grading.release(assignment.WORKING_COPY)
+
+    released = assignment.root() / "release" / LAB.id / f"{ANSWER_NOTEBOOK}.ipynb"
+    (cell,) = [c for c in json.loads(released.read_text())["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
+    assert not assignment.answer_faults(cell, ANSWER_NOTEBOOK)  # still an answer cell, empty, for the learner
+
+    submission = assignment.root() / "submitted" / "ada" / LAB.id
+    shutil.copytree(released.parent, submission)
+    handed_in = json.loads(released.read_text())
+    (mine,) = [c for c in handed_in["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
+    mine["source"] = [LEARNERS_ANSWER]
+    (submission / released.name).write_text(json.dumps(handed_in, indent=1))
+    capsys.readouterr()
+    export = grading.grade(LAB.id, at_once=1)
+    shown = capsys.readouterr().out
+
+    graded = json.loads((assignment.root() / "autograded" / "ada" / LAB.id / released.name).read_text())
+    assert LEARNERS_ANSWER in ["".join(c["source"]) for c in graded["cells"]]  # the answer kept
+    feedback = (assignment.root() / "feedback" / "ada" / LAB.id / f"{ANSWER_NOTEBOOK}.html").read_text()
+    assert LEARNERS_ANSWER in feedback
+    assert grading.grades(export, LAB.id) == {"ada": 0} and grading.pending_by_hand(export, LAB.id) == {"ada": 1}
+    (outcome,) = grading.outcomes(LAB.id)
+    assert (outcome.lost, outcome.pending, outcome.pending_points) == ([], ["answer_03_lonely_node"], 1)
+    assert "1 point(s): answer_03_lonely_node" in shown and "to grade by hand" in shown
+
+    with Gradebook(f"sqlite:///{assignment.root() / 'gradebook.db'}") as gradebook:  # the formgrader's doing
+        grade = gradebook.find_grade("answer_03_lonely_node", ANSWER_NOTEBOOK, LAB.id, "ada")
+        assert grade.needs_manual_grade and grade.auto_score is None
+        grade.manual_score = 1
+        gradebook.db.commit()
+    export = grading.scores(LAB.id)
+    assert grading.grades(export, LAB.id) == {"ada": 1} and grading.pending_by_hand(export, LAB.id) == {"ada": 0}
+    assert "to grade by hand" not in capsys.readouterr().out
+
+
+@pytest.mark.launch
+def test_a_release_refuses_a_broken_answer_cell_and_one_grading_never_runs(clone: Path) -> None:
+    path = clone / "notebooks/03_steps_0_to_2.ipynb"
+    notebook = json.loads(path.read_text())
+    notebook["cells"].append(assignment.answer_cell("03_steps_0_to_2", "why"))
+    notebook["cells"][-1]["metadata"]["nbgrader"]["locked"] = True
+    path.write_text(json.dumps(notebook, indent=1))
+    with pytest.raises(assignment.CourseError, match="answer_03_why is not unlocked"):
+        assignment.build_source(clone, assignment.WORKING_COPY)
+    notebook["cells"][-1] = assignment.answer_cell("02_baseline", "why")
+    (clone / "notebooks/02_baseline.ipynb").write_text(json.dumps(notebook, indent=1))
+    path.write_text(json.dumps(json.loads((ROOT / "notebooks/03_steps_0_to_2.ipynb").read_text()), indent=1))
+    with pytest.raises(assignment.CourseError, match="02_baseline.ipynb has answer cells, but grading runs only"):
+        assignment.build_source(clone, assignment.WORKING_COPY)

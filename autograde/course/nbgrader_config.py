@@ -25,3 +25,7 @@ c.Autograde.exclude_overwriting = {part.id: part.files for part in registry.PART
 # A check cell runs the learner's script for real, several processes at a time: give it minutes.
 c.Execute.timeout = 1800
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+# What the student version's answer cells read (nbgrader's default too): autograde/course/assignment.py's
+from autograde.course.assignment import ANSWER_TEXT  # noqa: E402
+
+c.ClearSolutions.text_stub = ANSWER_TEXT

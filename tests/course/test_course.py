@@ -272,7 +272,7 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
     """A notebook with an answer cell, released and graded with nbgrader for real: the student
     version keeps the cell for the learner to write in, autograding keeps the learner's answer and
     leaves it to the instructor (pending, not 0 of 1), and once it is graded by hand (as the
-    formgrader does, in the gradebook) `scores` counts it."""
+    formgrader does, in the gradebook) `scores` counts it, and so does grading again."""
     from nbgrader.api import Gradebook
 
     for old in (clone / "notebooks").glob("*.ipynb"):
@@ -317,6 +317,8 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
     export = grading.scores(LAB.id)
     assert grading.grades(export, LAB.id) == {"ada": 1} and grading.pending_by_hand(export, LAB.id) == {"ada": 0}
     assert "to grade by hand" not in capsys.readouterr().out
+    export = grading.grade(LAB.id, at_once=1)  # grading again keeps the instructor's score
+    assert grading.grades(export, LAB.id) == {"ada": 1} and grading.pending_by_hand(export, LAB.id) == {"ada": 0}
 
 
 @pytest.mark.launch

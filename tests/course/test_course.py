@@ -258,6 +258,13 @@ def test_make_bench_reads_each_learners_time_from_the_grading_summary() -> None:
     assert shown.splitlines()[0].split() == ["student", "score", "time", "steps", "lost"]
     assert [(m["learner"], m["seconds"]) for m in bench.TIME_COLUMN.finditer(shown)] == [("ada", "42"), ("bob", "38")]
     assert "time" not in grading.summary([grading.Outcome("ada", 20, 20, [])])  # no times known: no column
+    waiting = grading.Outcome("cy", 20, 22, [], ["answer_14_lonely_node", "answer_14_ranks_on_two_nodes"], 2)
+    shown = grading.summary([grading.Outcome("ada", 22, 22, []), waiting], {"ada": 41.6, "cy": 40.0})
+    assert shown.splitlines()[0].split() == ["student", "score", "time", "steps", "lost", "to", "grade", "by", "hand", "(pending)"]
+    assert shown.splitlines()[2].split() == ["cy", "20/22", "40", "s", "none", "2", "point(s):",
+                                             "answer_14_lonely_node", "answer_14_ranks_on_two_nodes"]
+    assert shown.splitlines()[1].endswith("none") and "by hand" in shown.splitlines()[-1]
+    assert [m["learner"] for m in bench.TIME_COLUMN.finditer(shown)] == ["ada", "cy"]
 
 
 # --- answer cells: free text, graded by hand ---------------------------------------------------------

@@ -127,8 +127,8 @@ def summary(results: Sequence[Outcome], seconds: Mapping[str, float] | None = No
             line = f"{line:<{len(lines[0]) - len('to grade by hand (pending)')}}{waiting}"
         lines.append(line)
     if by_hand:
-        lines.append("(answers to grade by hand count 0 in the score until graded: docs/instructors.md, "
-                     "grading answers by hand; then `make scores`)")
+        lines.append("(answers to grade by hand count 0 in the score until graded: the formgrader's Manual Grading, "
+                     "then `make scores`; docs/instructors.md, 'Answers graded by hand')")
     return "\n".join(lines)
 
 

@@ -105,6 +105,12 @@ def test_grading_without_submissions_says_what_to_do(tmp_path: Path) -> None:
     assert f"error: no submissions: put each in {tmp_path}/submitted/<student>/{registry.FIRST}/" in result.output
 
 
+def test_scores_before_any_grading_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDP_LAB_COURSE_DIR", str(tmp_path))
+    with pytest.raises(assignment.CourseError, match=f"no gradebook at {tmp_path}/gradebook.db: run `make grade` first"):
+        grading.scores(LAB.id)
+
+
 # --- releases are built from a commit -------------------------------------------------------------
 
 def git(repo: Path, *args: str) -> str:

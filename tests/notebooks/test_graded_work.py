@@ -16,8 +16,10 @@ from autograde.grading import registry
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 FROM_14 = [n for n in NOTEBOOKS if int(n[:2]) >= 14]
 # How the notebooks ask for a prediction or a thought: a bold lead-in ("**Predict first:**",
-# "**Predict:**", "**Think about it.**", "**Before you run**...") or a heading that says predict.
-PROMPT = re.compile(r"\*\*\s*(predict|think about it|before you run)\b[^*]*\*\*|^#+ .*\bpredict\b", re.I | re.M)
+# "**Predict:**", "**Think about it.**", "**Before you run**...", "**What does the trace show?**")
+# or a heading that says predict.
+PROMPT = re.compile(r"\*\*\s*(predict|think about it|before you run|what does the trace show)\b[^*]*\*\*"
+                    r"|^#+ .*\bpredict\b", re.I | re.M)
 HEADING = re.compile(r"^#+ ", re.M)
 CHECK = re.compile(r"\bautograde\.assert_step\(")
 
@@ -84,4 +86,6 @@ def test_the_prompt_rule_sees_an_unanswered_prompt_and_an_answered_one() -> None
         "**Predict first:** how many lives will the group have?"]
     assert unanswered([md("**Think about it.** Why?\n\n## Next"), answer]) == ["**Think about it.** Why? ## Next"]
     assert unanswered([md("## Your turn: predict, then run"), code("x = 1")]) == ["## Your turn: predict, then run"]
+    assert unanswered([md("**What does the trace show?** Name the widest gap."), code("x = 1")]) == [
+        "**What does the trace show?** Name the widest gap."]
     assert unanswered([md("Nothing is asked here."), code("x = 1")]) == []

@@ -60,7 +60,8 @@ class Outcome:
 
 def pending(grade: object) -> bool:
     """Whether a grade (nbgrader's Grade) awaits grading by hand: no autograder's score and no
-    instructor's (an answer cell before the formgrader; nbgrader counts it 0 in the score meanwhile)."""
+    instructor's (an answer written, before the formgrader; nbgrader counts it 0 in the score
+    meanwhile). An answer cell handed in as it was released has one: nbgrader gives it 0."""
     return getattr(grade, "auto_score", None) is None and getattr(grade, "manual_score", None) is None
 
 

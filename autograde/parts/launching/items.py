@@ -22,4 +22,5 @@ PART = Part(PART_ID, "Launching for real: torchrun, checkpoints and restarts, SL
             "1[4-6]_*.ipynb", "1[4-6]_*", ("solutions/fashion_mnist_after_step_10.py",  # where notebook 14 starts
                                            "demos/slurm/srun_one_task_per_gpu.sbatch",
                                            "demos/slurm/srun_torchrun_per_node.sbatch",
+                                           "demos/slurm/save_on_usr1.sbatch", "demos/slurm/save_on_usr1.py",
                                            "demos/mpi/mpirun_fashion_mnist.sh"), tuple(ITEMS))

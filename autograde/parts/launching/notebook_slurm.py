@@ -110,3 +110,24 @@ def sacct(job: str) -> str:
     result = processes.run(["sacct", "-j", job], timeout=60)
     print(result.output.strip())
     return result.output
+
+
+def signalled(batch: str, *args: str | int, tasks: int, scancel: tuple[str, ...] = ("--signal=USR1",),
+              seconds: float = 60) -> str:
+    """Submit `batch` (`submit`), wait until its `tasks` tasks have each printed "starting", then
+    `scancel SCANCEL JOB`: a signal now, where `#SBATCH --signal` would send it before the time
+    limit. Shows the job's output and its end (`squeue --states=all`); returns the output."""
+    job, out = submit(batch, *args)
+    deadline = time.monotonic() + seconds
+    while (len(found := sorted(out.parent.glob(f"*-{job}.out"))) != 1
+           or found[0].read_text(errors="replace").count("starting") < tasks):
+        if time.monotonic() > deadline:
+            shell("scancel", job)
+            raise runtime.LaunchError(f"job {job}'s {tasks} tasks had not started after {seconds:.0f} s")
+        time.sleep(0.1)
+    shell("scancel", *scancel, job)
+    wait_for_end(job, seconds)
+    text = found[0].read_text(errors="replace")
+    print(text, end="")
+    shell("squeue", "--states=all", "-j", job, "-o", "%i %T %r")
+    return text

@@ -66,6 +66,22 @@ def test_ddp_buckets_are_25_mib_by_default_and_the_first_1_mib() -> None:
     assert chosen.first_bucket_bytes_cap == chosen.bucket_bytes_cap == 4 * 1024 * 1024  # a size given: no small first
 
 
+def test_a_ddp_bucket_closes_once_it_reaches_the_cap_so_it_may_pass_it() -> None:
+    """Notebook 20's first cell: DDP adds gradients to a bucket until they reach the cap, then closes
+    it, so a bucket may pass the cap (not "at most bucket_cap_mb"): 150k, 150k and 10 floats with
+    1 MiB give [[0, 1], [2]], a first bucket of 1.2 MB; the notebook shows that very assignment."""
+    tensors = [torch.empty(150_000), torch.empty(150_000), torch.empty(10)]
+    buckets, caps = dist._compute_bucket_assignment_by_size(tensors, [1024 * 1024])
+    found = [list(bucket) for bucket in buckets]
+    assert found == [[0, 1], [2]]
+    first = sum(tensors[i].numel() * tensors[i].element_size() for i in found[0])
+    assert first == 1_200_000 > caps[0] == 1024 * 1024
+    cells = json.loads((Path(__file__).parents[3] / "notebooks" / "20_ddp_by_hand.ipynb").read_text())["cells"]
+    first_cell = " ".join("".join(cells[0]["source"]).split())
+    assert f"`{found}`" in first_cell and "1.2 MB" in first_cell
+    assert "at most `bucket_cap_mb`" not in first_cell and "*reach* `bucket_cap_mb`" in first_cell
+
+
 def test_a_post_accumulate_grad_hook_runs_once_a_tied_weight_has_all_its_uses_and_never_on_a_frozen_one() -> None:
     """Notebook 20's hints for OverlapDDP: the hook sees the whole gradient of a weight used twice,
     once; a tensor that needs no gradient takes no hook."""

@@ -587,3 +587,19 @@ EXERCISE_MISTAKES += [
     Mistake("kfac_distributed_broadcast_not_contiguous", "kfac_distributed", (
         ("vectors.to(factor.dtype).contiguous()", "vectors.to(factor.dtype)"),), "not contiguous"),
 ]
+# kfac_traffic.py (notebook 26): the floats distributed K-FAC communicates a step, predicted
+KFAC_TRAFFIC_A = "        for n in (inputs + bias, outputs):"
+KFAC_TRAFFIC_BROADCAST = "            per_refresh += n + n * n        # its eigenvalues and eigenvectors, broadcast\n"
+EXERCISE_MISTAKES += [
+    Mistake("kfac_traffic_bias_forgotten", "kfac_traffic", ((KFAC_TRAFFIC_A, "        for n in (inputs, outputs):"),),
+            "A sized by the inputs alone, the bias left out"),
+    Mistake("kfac_traffic_refreshes_floored", "kfac_traffic", ((
+        "    refreshes = -(-steps // update_freq)", "    refreshes = steps // update_freq"),),
+            "counting steps // update_freq refreshes"),
+    Mistake("kfac_traffic_one_process_talks", "kfac_traffic", ((
+        "    if world_size == 1:  # no process group to talk to\n        return 0.0\n", ""),),
+            "one process has no process group"),
+    Mistake("kfac_traffic_eigenvalues_forgotten", "kfac_traffic", ((
+        KFAC_TRAFFIC_BROADCAST, "            per_refresh += n * n            # its eigenvectors, broadcast\n"),),
+            "eigenvectors broadcast without their eigenvalues"),
+]

@@ -78,6 +78,10 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _show(x: float) -> str:
+    return f"{x:,.0f}" if x == round(x) else f"{x:,.2f}"
+
+
 def _same(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
 
@@ -100,7 +104,7 @@ def check_kfac_traffic(ws: Workspace) -> str:
         assert got is not None
         if _same(got, want):
             continue
-        said = f"{shown} gave {got:,.6g}; the design's collectives carry {want:,.6g} floats a step on each rank"
+        said = f"{shown} gave {_show(got)}; the design's collectives carry {_show(want)} floats a step on each rank"
         for options, mistake, fix in MISTAKES.values():
             if _same(got, floats_per_step(layers, n, k, steps, **options)):
                 require(False, f"{said}: {mistake}", fix)

@@ -55,9 +55,10 @@ def _per_rank(value: Any, n: int) -> list[dict[str, int]] | None:
             numbers = [_whole(v) for v in entry]
         else:
             return None
-        if any(v is None for v in numbers):
+        whole = [v for v in numbers if v is not None]
+        if len(whole) != len(KINDS):
             return None
-        found.append(dict(zip(KINDS, numbers)))  # type: ignore[arg-type]
+        found.append(dict(zip(KINDS, whole)))
     return found
 
 

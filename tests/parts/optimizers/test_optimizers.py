@@ -280,6 +280,9 @@ def test_notebook_26_says_which_end_of_kaisas_range_the_course_builds() -> None:
                  "grad_worker_fraction", "greedily by cost"):
         assert said in text, said
     assert "owner = i % world_size  # round robin" in (ROOT / "solutions" / "kfac.py").read_text()
+    for learner_file in ("exercises/kfac.py", "solutions/kfac.py"):  # the files' own docstrings say it too
+        said = " ".join((ROOT / learner_file).read_text().split())
+        assert "the KAISA design of kfac_pytorch" not in said and "one end of the range of KAISA" in said, learner_file
 
 
 def test_notebook_26s_hints_ask_first_and_keep_the_code_for_the_last_tier() -> None:

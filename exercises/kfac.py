@@ -4,15 +4,17 @@
     python exercises/kfac.py --world-size 2 --optimizer kfac --update-freq 10 --log-file runs/kfac.jsonl
 
 A second-order method steps along F^-1 grad instead of grad, F being the curvature (here the
-Fisher information matrix). F is far too large to keep, so K-FAC (Martens and Grosse, 2015)
+empirical Fisher matrix: G comes from the loss with the true labels; notebook 25 says what that
+approximates, and what it does not). F is far too large to keep, so K-FAC (Martens and Grosse, 2015)
 approximates it layer by layer, each layer's block by a Kronecker product of two small matrices:
 A, from the layer's inputs, and G, from the gradients of its outputs. The inverse of a Kronecker
 product is the Kronecker product of the inverses, so a layer's preconditioned gradient needs only
 A's and G's eigendecompositions, with a damping term that keeps small eigenvalues from blowing up.
 
-Distributed (the KAISA design of kfac_pytorch, Pauloski et al.): every rank sees a share of the
-batch, so A and G are averaged over the ranks; each layer's eigendecompositions are computed by one
-rank only and shared with the others; and all of that is done only every `update_freq` steps, the
+Distributed (one end of the range of KAISA, Pauloski et al., whose kfac_pytorch can also let a
+fraction of the ranks precondition and send the result): every rank sees a share of the batch, so
+A and G are averaged over the ranks; each layer's eigendecompositions are computed by one rank
+only and shared with every other; and all of that is done only every `update_freq` steps, the
 steps between reusing the last decompositions, which trades freshness for communication.
 Notebooks 25 and 26 have hints you open when you want them.
 """

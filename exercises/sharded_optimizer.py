@@ -46,6 +46,20 @@ class ShardedOptimizer:
         pass  # your code
 
 
+def zero1_bytes(numels, world_size):
+    """Predict what each rank holds once your ShardedOptimizer, made with torch.optim.AdamW over fp32
+    parameters of these sizes (numels: each parameter's number of elements, in the order of
+    model.parameters()), has stepped under DDP on world_size processes.
+
+    Returns one dict per rank, rank 0 first: {"parameters": bytes, "gradients": bytes,
+    "optimizer_state": bytes}, the bytes of the tensors of each kind that rank keeps (for the
+    optimizer state: every tensor in its optimizer's state). The shards are yours, cut as your
+    ShardedOptimizer cuts them: notebook 21's check weighs them in your ranks' processes.
+    """
+    # TODO zero_memory: your prediction, for any sizes and any world size.
+    return None  # your code
+
+
 # The rest trains a model with ShardedOptimizer and with plain AdamW, and compares the weights and
 # the optimizer state each process holds.
 

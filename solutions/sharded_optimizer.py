@@ -61,6 +61,28 @@ class ShardedOptimizer:
             dist.broadcast(p.data, src=self.owner[i])
 
 
+def zero1_bytes(numels, world_size):
+    """Predict what each rank holds once your ShardedOptimizer, made with torch.optim.AdamW over fp32
+    parameters of these sizes (numels: each parameter's number of elements, in the order of
+    model.parameters()), has stepped under DDP on world_size processes.
+
+    Returns one dict per rank, rank 0 first: {"parameters": bytes, "gradients": bytes,
+    "optimizer_state": bytes}, the bytes of the tensors of each kind that rank keeps (for the
+    optimizer state: every tensor in its optimizer's state). The shards are yours, cut as your
+    ShardedOptimizer cuts them: notebook 21's check weighs them in your ranks' processes.
+    """
+    # TODO zero_memory: your prediction, for any sizes and any world size.
+    # Every rank keeps the whole model, and all of its gradients (DDP averages every one of them).
+    whole = 4 * sum(numels)
+    # The owners ShardedOptimizer gives: largest first, each to the rank that owns the fewest elements.
+    owned, state = [0] * world_size, [0] * world_size
+    for n in sorted(numels, reverse=True):
+        least = owned.index(min(owned))
+        owned[least] += n
+        state[least] += 4 * (2 * n + 1)  # AdamW: two running averages, and a step count (a float32 tensor)
+    return [{"parameters": whole, "gradients": whole, "optimizer_state": s} for s in state]
+
+
 # The rest trains a model with ShardedOptimizer and with plain AdamW, and compares the weights and
 # the optimizer state each process holds.
 

@@ -177,6 +177,7 @@ SAMPLER_SHUFFLE = ("            generator = torch.Generator().manual_seed(self.s
                    "            order = torch.randperm(self.size, generator=generator).tolist()\n")
 OVERLAP_WAIT = "            handle.wait()\n            gradient /= world_size\n"
 ZERO_MINE = "        mine = [p for i, p in enumerate(self.params) if self.owner[i] == rank]\n"
+ZERO_MEMORY_RETURN = '    return [{"parameters": whole, "gradients": whole, "optimizer_state": s} for s in state]\n'
 ZERO_SEND = "        for i, p in enumerate(self.params):\n            dist.broadcast(p.data, src=self.owner[i])\n"
 SAVE_GUARD = "    if dist.get_rank() == 0:\n        checkpoint = {\n"
 SAVE_ATOMIC = "        torch.save(checkpoint, temporary)\n        os.replace(temporary, path)\n"
@@ -374,6 +375,20 @@ EXERCISE_MISTAKES = [
          "            owned[least] += self.params[i].numel()\n",
          "        for i in range(len(self.params)):\n            self.owner[i] = i % world_size\n"),),
             "rank 1 held 94% of plain AdamW's optimizer state"),
+    # zero1_bytes (notebook 21): the bytes each rank holds under ZeRO-1, predicted
+    Mistake("zero_memory_gradients_sharded", "zero_memory", ((ZERO_MEMORY_RETURN, ZERO_MEMORY_RETURN.replace(
+        '"gradients": whole, "optimizer_state": s} for s in state]',
+        '"gradients": 4 * o, "optimizer_state": s} for o, s in zip(owned, state)]')),),
+            "divided among the ranks, as ZeRO-2 does"),
+    Mistake("zero_memory_no_step_count", "zero_memory", ((
+        "        state[least] += 4 * (2 * n + 1)", "        state[least] += 4 * 2 * n"),),
+            "AdamW keeps more per parameter than its two running averages"),
+    Mistake("zero_memory_even_shares", "zero_memory", ((ZERO_MEMORY_RETURN, ZERO_MEMORY_RETURN.replace(
+        '"optimizer_state": s} for s in state]', '"optimizer_state": sum(state) // world_size} for s in state]')),),
+            "the same for every rank, but your ShardedOptimizer's shards are not even"),
+    Mistake("zero_memory_state_whole_on_every_rank", "zero_memory", ((ZERO_MEMORY_RETURN, ZERO_MEMORY_RETURN.replace(
+        '"optimizer_state": s} for s in state]', '"optimizer_state": sum(state)} for s in state]')),),
+            "every rank whole, as in DDP"),
     # hang_collective.py, hang_uneven.py, hang_early_stop.py (notebook 23): a fix that still hangs, or finishes wrong
     Mistake("hang_collective_removed", "hang_collective", ((HANG_REDUCE, ""),), "but the ranks' own losses"),
     Mistake("hang_collective_max", "hang_collective", ((HANG_REDUCE, "    dist.all_reduce(total, op=dist.ReduceOp.MAX)\n"),),
@@ -586,4 +601,20 @@ EXERCISE_MISTAKES += [
             "(update_freq 10: no refresh) made"),
     Mistake("kfac_distributed_broadcast_not_contiguous", "kfac_distributed", (
         ("vectors.to(factor.dtype).contiguous()", "vectors.to(factor.dtype)"),), "not contiguous"),
+]
+# kfac_traffic.py (notebook 26): the floats distributed K-FAC communicates a step, predicted
+KFAC_TRAFFIC_A = "        for n in (inputs + bias, outputs):"
+KFAC_TRAFFIC_BROADCAST = "            per_refresh += n + n * n        # its eigenvalues and eigenvectors, broadcast\n"
+EXERCISE_MISTAKES += [
+    Mistake("kfac_traffic_bias_forgotten", "kfac_traffic", ((KFAC_TRAFFIC_A, "        for n in (inputs, outputs):"),),
+            "A sized by the inputs alone, the bias left out"),
+    Mistake("kfac_traffic_refreshes_floored", "kfac_traffic", ((
+        "    refreshes = -(-steps // update_freq)", "    refreshes = steps // update_freq"),),
+            "counting steps // update_freq refreshes"),
+    Mistake("kfac_traffic_one_process_talks", "kfac_traffic", ((
+        "    if world_size == 1:  # no process group to talk to\n        return 0.0\n", ""),),
+            "one process has no process group"),
+    Mistake("kfac_traffic_eigenvalues_forgotten", "kfac_traffic", ((
+        KFAC_TRAFFIC_BROADCAST, "            per_refresh += n * n            # its eigenvectors, broadcast\n"),),
+            "eigenvectors broadcast without their eigenvalues"),
 ]

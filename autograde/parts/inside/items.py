@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
-from autograde.parts.inside import checks, checks_hangs
+from autograde.parts.inside import checks, checks_hangs, checks_zero_memory
 from autograde.parts.inside import checks_model_parallel as model_parallel
 
 PART_ID = "inside_ddp"
@@ -17,6 +17,9 @@ ITEMS = [
              checks.check_bucketed_ddp),
     exercise("zero", "ZeRO stage 1: a sharded optimizer", 3, PART_ID, "21_sharding", "sharded_optimizer.py",
              (checks.ZERO_RUNS,), checks.check_zero),
+    exercise("zero_memory", "ZeRO-1: predict the bytes each rank holds", 1, PART_ID, "21_sharding",
+             "sharded_optimizer.py", (checks.ZERO_RUNS, checks_zero_memory.ZERO_MEMORY_RUNS),
+             checks_zero_memory.check_zero_memory),
     exercise("tensor_parallel", "tensor-parallel layers: f, g, column, row", 3, PART_ID, "22_model_parallel", TENSOR,
              (model_parallel.TENSOR_PARALLEL_RUNS,), model_parallel.check_tensor_parallel),
     exercise("two_d", "2-D parallelism: tensor parallel in pairs, data parallel across", 2, PART_ID,

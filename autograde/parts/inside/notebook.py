@@ -92,6 +92,32 @@ def sharded(world_size: int = 2, script: str = SHARDED) -> dict[str, Any]:
     return json_run(script, "--world-size", str(world_size))
 
 
+def predicted_beside_measured(runs: dict[int, dict[str, Any]], predict: Callable[[list[int], int], Any],
+                              numels: list[int]) -> list[tuple[int, int, Any, int]]:
+    """The learner's zero1_bytes beside what the sharded optimizer's program weighed (`sharded`'s runs,
+    by number of processes): each rank's optimizer state, predicted and measured, and the model's
+    parameters. Returns (processes, rank, predicted entry, measured state bytes) for each rank."""
+    found = []
+    print(f"{'N':>3}{'rank':>6}{'optimizer state: predicted':>28}{'measured':>10}{'parameters: predicted':>24}"
+          f"{'measured':>10}")
+    for n, run in sorted(runs.items()):
+        try:
+            predicted = list(predict(numels, n))
+        except Exception as err:  # the learner's function, not written yet or wrong: said, and the table goes on
+            print(f"{n:>3}   zero1_bytes({n}): {type(err).__name__}: {err}")
+            continue
+        for rank in run["ranks"]:
+            entry = predicted[rank["rank"]] if rank["rank"] < len(predicted) else None
+            state = params = None
+            if isinstance(entry, dict):
+                state, params = entry.get("optimizer_state"), entry.get("parameters")
+            elif isinstance(entry, (list, tuple)) and len(entry) == 3:
+                params, _, state = entry
+            print(f"{n:>3}{rank['rank']:>6}{state!s:>28}{rank['state_bytes']:>10}{params!s:>24}{run['param_bytes']:>10}")
+            found.append((n, rank["rank"], entry, rank["state_bytes"]))
+    return found
+
+
 def fsdp(world_size: int = 2) -> dict[str, Any]:
     """What each rank holds under DDP and under FSDP (fully_shard), and their weights' difference."""
     return json_run(FSDP, "--world-size", str(world_size))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
-from autograde.parts.optimizers import checks
+from autograde.parts.optimizers import checks, checks_traffic
 
 PART_ID = "optimizers"
 ITEMS = [
@@ -11,6 +11,8 @@ ITEMS = [
     exercise("kfac", "K-FAC on one process", 3, PART_ID, "25_kfac", "kfac.py", (checks.KFAC_RUNS,), checks.check_kfac),
     exercise("kfac_distributed", "K-FAC distributed layer by layer", 3, PART_ID, "26_kfac_distributed", "kfac.py",
              (checks.KFAC_RUNS,), checks.check_kfac_distributed),
+    exercise("kfac_traffic", "predict what distributed K-FAC communicates", 1, PART_ID, "26_kfac_distributed",
+             "kfac_traffic.py", (checks_traffic.TRAFFIC_RUNS,), checks_traffic.check_kfac_traffic),
 ]
 PART = Part(PART_ID, "Optimizers for large batches: LARS, K-FAC, K-FAC distributed layer by layer", "2[4-6]_*.ipynb",
             "2[4-6]_*", (), tuple(ITEMS))

@@ -344,7 +344,7 @@ def communication(update_freqs: tuple[int, ...] = (1, UPDATE_FREQ), script: str 
     all-reduced n x n factor, eigenvalues and eigenvectors) and the time inside them. DDP's gradient
     all-reduce runs in C++, out of the tracer's sight: its size is the model's parameter count."""
     script = script or working("kfac_distributed", KFAC_SCRIPT, KFAC_SOLUTION)
-    gradients = sum((i + 1) * o for i, o in [(784, 128), (128, 64), (64, 10)])  # exercises/kfac.py's make_model
+    gradients = sum((i + bias) * o for i, o, bias in MLP_LAYERS)
     size = ["--batch-size", "256", "--epochs", "3"] + (["--train-images", "1024"] if runtime.QUICK
                                                         else ["--train-images", "4096"])
     found = []
@@ -360,6 +360,28 @@ def communication(update_freqs: tuple[int, ...] = (1, UPDATE_FREQ), script: str 
         print(f"{c.update_freq:>11}{len(c.factors):>7}{sum(1 for f in c.factors if f):>11}{c.per_step():>15,.0f}"
               f"{1000 * sum(c.seconds) / len(c.seconds):>16.1f} ms{1000 * _median(c.step_seconds):>7.0f} ms")
     return found
+
+
+MLP_LAYERS = [(784, 128, True), (128, 64, True), (64, 10, True)]  # exercises/kfac.py's make_model
+
+
+def predicted_traffic(found: list[Communication], predict: Callable[..., Any],
+                      layers: list[tuple[int, int, bool]] = MLP_LAYERS) -> list[tuple[int, float, float]]:
+    """The learner's kfac_floats_per_step beside what each traced run communicated: K-FAC's own floats
+    a step (all-reduces measured, broadcasts' floats from the factors' sizes), DDP's gradients left out."""
+    rows = []
+    print(f"{'update_freq':>11}{'steps':>7}{'predicted':>15}{'measured':>15}")
+    for c in found:
+        measured = (sum(c.factors) + sum(c.decompositions)) / len(c.factors)
+        try:
+            value = predict(layers, 2, c.update_freq, len(c.factors))
+            predicted = float(value)
+        except Exception as err:  # the learner's function, not done yet or wrong: say so, keep the table
+            print(f"{c.update_freq:>11}{len(c.factors):>7}   your function: {type(err).__name__}: {err}")
+            continue
+        rows.append((c.update_freq, predicted, measured))
+        print(f"{c.update_freq:>11}{len(c.factors):>7}{predicted:>15,.0f}{measured:>15,.0f}")
+    return rows
 
 
 def _median(values: list[float]) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_script
 
+from autograde.jupyter import runtime
 from autograde.parts.inside import notebook as inside
 
 
@@ -51,6 +52,21 @@ def test_the_sharded_optimizers_program_weighs_each_ranks_state(tmp_path: Path) 
     shares = [rank["state_bytes"] / found["plain_state_bytes"] for rank in found["ranks"]]
     assert len(shares) == 3 and abs(sum(shares) - 1) < 0.01 and max(shares) < 0.5, shares
     assert all(rank["difference"] < 1e-6 for rank in found["ranks"]), found
+    # notebook 21's prediction (the solution of zero_memory) beside the measurement: equal to the byte
+    mine = runtime.exercise("solutions/sharded_optimizer.py")
+    numels = [p.numel() for p in mine.make_model().parameters()]
+    beside = inside.predicted_beside_measured({3: found}, mine.zero1_bytes, numels)
+    assert [(n, rank) for n, rank, _, _ in beside] == [(3, 0), (3, 1), (3, 2)]
+    assert all(entry["optimizer_state"] == measured for _, _, entry, measured in beside), beside
+    assert all(entry["parameters"] == found["param_bytes"] for _, _, entry, _ in beside), beside
+
+
+def test_the_prediction_table_goes_on_when_the_learners_function_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    run = {"param_bytes": 40, "ranks": [{"rank": 0, "state_bytes": 44}, {"rank": 1, "state_bytes": 36}]}
+    beside = inside.predicted_beside_measured({1: {"param_bytes": 40, "ranks": [{"rank": 0, "state_bytes": 80}]}, 2: run},
+                                              lambda numels, n: None if n == 1 else [(40, 40, 44), (40, 40, 36)], [10])
+    assert beside == [(2, 0, (40, 40, 44), 44), (2, 1, (40, 40, 36), 36)]
+    assert "TypeError" in capsys.readouterr().out
 
 
 def _differences(result_output: str) -> dict[str, float]:
@@ -114,3 +130,16 @@ def test_the_sharding_pictures_draw_every_stage_and_rank() -> None:
     fig = inside.state_shares({1: [1.0], 2: [0.52, 0.48], 3: [0.46, 0.29, 0.25]})
     (ax,) = fig.axes
     assert sum(len(c.get_offsets()) for c in ax.collections) == 6
+
+
+def test_notebook_21s_hints_ask_first_and_keep_the_code_for_the_last_tier() -> None:
+    """Each item's hints: tier 1 a question, tier 2 the idea without code, tier 3 near-code."""
+    cells = json.loads((ROOT / "notebooks" / "21_sharding.ipynb").read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    tiers = re.findall(r"<details><summary>Hint (\d): ([^<]*)</summary>(.*?)</details>", text, re.S)
+    assert [t[0] for t in tiers] == ["1", "2", "3"] * 2, [t[:2] for t in tiers]
+    for number, _, body in tiers:
+        if number == "1":
+            assert "?" in body and "```" not in body, body
+        if number == "2":
+            assert "```" not in body and "dist." not in body and "=" not in body, body

@@ -6,6 +6,7 @@ what a gloo broadcast makes of them, and what a traced K-FAC run communicates.""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,53 @@ def test_communication_is_read_step_by_step_from_rank_0s_trace() -> None:
     assert len(fig.axes[0].patches) == 3 * 7
 
 
+def test_the_prediction_is_shown_beside_the_measured_floats(capsys: pytest.CaptureFixture[str]) -> None:
+    """K-FAC's own floats a step (factors measured, decompositions computed), DDP's gradients left
+    out; a learner's function that raises is said, and the table goes on."""
+    found = kfac_notebook._communication(_traced_run(update_freq=3, steps=7), 3, gradients=100)
+    asked = []
+
+    def predict(layers: Any, world_size: int, update_freq: int, steps: int) -> float:
+        asked.append((world_size, update_freq, steps))
+        return 1.5
+
+    assert kfac_notebook.predicted_traffic([found], predict) == [(3, 1.5, 3 * 46 / 7)]
+    assert asked == [(2, 3, 7)]
+    assert kfac_notebook.predicted_traffic([found], lambda *args: None) == []
+    assert "TypeError" in capsys.readouterr().out
+
+
+def test_notebook_26_says_which_end_of_kaisas_range_the_course_builds() -> None:
+    """Claim 3 of issue 40: the course does not build "the design of KAISA and of kfac_pytorch". It
+    builds one end of KAISA's range (every rank receives every decomposition, owners round robin);
+    KAISA's contribution is the fraction of gradient workers, and kfac_pytorch assigns layers
+    greedily by cost. The solution's owners are round robin, as the notebook says."""
+    cells = json.loads((ROOT / "notebooks" / "26_kfac_distributed.ipynb").read_text())["cells"]
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    assert "design you build here is the one of KAISA" not in text
+    assert "of KAISA (Pauloski et al., SC'21) and of" not in text
+    for said in ("one end of the range", "every rank receives every layer's decompositions", "round robin",
+                 "grad_worker_fraction", "greedily by cost"):
+        assert said in text, said
+    assert "owner = i % world_size  # round robin" in (ROOT / "solutions" / "kfac.py").read_text()
+    for learner_file in ("exercises/kfac.py", "solutions/kfac.py"):  # the files' own docstrings say it too
+        said = " ".join((ROOT / learner_file).read_text().split())
+        assert "the KAISA design of kfac_pytorch" not in said and "one end of the range of KAISA" in said, learner_file
+
+
+def test_notebook_26s_hints_ask_first_and_keep_the_code_for_the_last_tier() -> None:
+    """Each item's hints: tier 1 a question, tier 2 the idea without code, tier 3 near-code."""
+    cells = json.loads((ROOT / "notebooks" / "26_kfac_distributed.ipynb").read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    tiers = re.findall(r"<details><summary>Hint (\d): ([^<]*)</summary>(.*?)</details>", text, re.S)
+    assert [t[0] for t in tiers] == ["1", "2", "3"] * 2, [t[:2] for t in tiers]
+    for number, _, body in tiers:
+        if number == "1":
+            assert "?" in body and "```" not in body, body
+        if number == "2":
+            assert "```" not in body and "dist." not in body and "=" not in body, body
+
+
 def test_a_run_without_steps_or_with_a_problem_is_refused() -> None:
     empty = Run("K-FAC run", [], {1: ProcessTrace(1, [_event(0, "exit", call="init_process_group", world_size=2,
                                                                rank_joined=0), _event(1, "ddp")])})
@@ -269,6 +317,10 @@ def test_a_traced_kfac_run_communicates_only_at_refreshes(course: Path) -> None:
     assert all(found.factors[k] == MLP_FACTORS and found.broadcasts[k] == 12 for k in refreshes)
     assert all(found.broadcasts[k] == 0 and found.seconds[k] == 0 for k in range(len(found.factors)) if k not in refreshes)
     assert found.gradients == MLP_PARAMETERS
+    # notebook 26's prediction (the solution of kfac_traffic) equals what the run communicated
+    predict = runtime.exercise("solutions/kfac_traffic.py").kfac_floats_per_step
+    ((k, predicted, measured),) = kfac_notebook.predicted_traffic([found], predict)
+    assert k == 3 and predicted == pytest.approx(measured, rel=1e-12) and measured > 0
 
 
 def test_kfac_cost_times_each_part_of_a_step(course: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -278,6 +278,13 @@ EXERCISE_MISTAKES = [
             "the least-squares fit is"),
     Mistake("predict_comm_times_n", "scaling", (("    return t_par / n + t_seq + t_comm * (n - 1)\n",
                                                  "    return t_par / n + t_seq + t_comm * n\n"),), "predict_time(("),
+    Mistake("half_efficiency_speedup_below_half", "scaling", (("        if one / (n * predict_time(params, n)) < 0.5:\n",
+                                                               "        if one / predict_time(params, n) < 0.5:\n"),),
+            "gave 174 (the model's efficiency at N = 174 is 0.0029); the model's efficiency first drops below one half at N = 9"),
+    Mistake("half_efficiency_last_above_half", "scaling", (("            return n\n", "            return n - 1\n"),),
+            "gave 8 (the model's efficiency at N = 8 is 0.5410); the model's efficiency first drops below one half at N = 9"),
+    Mistake("half_efficiency_max_n_ignored", "scaling", (("    for n in range(1, max_n + 1):\n", "    for n in range(1, 1025):\n"),),
+            "gave 669; the model's efficiency stays at one half or more for every N up to 500"),
     # large_batch_training.py: the schedule
     Mistake("warmup_not_scaled", "warmup", (("    target = base_lr * world_size\n", "    target = base_lr\n"),),
             "after the warm-up the rate is 2 x 0.1 = 0.2", also_fails=(("lr_scaling", "after the warm-up"),)),

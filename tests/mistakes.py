@@ -266,6 +266,18 @@ EXERCISE_MISTAKES = [
             "began again at epoch 1"),
     Mistake("resume_without_optimizer", "resume", (('    optimizer.load_state_dict(checkpoint["optimizer"])\n', ""),),
             "differ from an undisturbed run's"),
+    # elastic_predictions.py
+    Mistake("elastic_join_counted_as_failure", "elastic",
+            (('        "restarts": [0, 0],  # a node that joins is no failure\n', '        "restarts": [0, 1],\n'),),
+            "node_joins(6, 1) predicted restarts = [0, 1]; the course's runs measured [0, 0]: a node that joins is no failure"),
+    Mistake("elastic_join_without_a_new_life", "elastic", (('        "world_sizes": [1, 2],', '        "world_sizes": [2],'),),
+            "node_joins(6, 1) predicted world_sizes = [2]; the course's runs measured [1, 2]"),
+    Mistake("elastic_lost_resumes_at_saved_epoch", "elastic",
+            (('        "resumes_at": after_epoch + 1,  # epoch after_epoch was saved before B died\n',
+              '        "resumes_at": after_epoch,\n'),),
+            "node_lost(6, 2) predicted resumes_at = 2; the course's runs measured 3"),
+    Mistake("elastic_lost_node_waited_for", "elastic", (('        "world_sizes": [2, 1],', '        "world_sizes": [2, 2],'),),
+            "node_lost(6, 2) predicted world_sizes = [2, 2]; the course's runs measured [2, 1]: the rendezvous lets B's seat go"),
     # scaling_model.py
     Mistake("speedup_inverted", "scaling", (("    return {n: times[1] / t for n, t in times.items()}\n",
                                              "    return {n: t / times[1] for n, t in times.items()}\n"),),

@@ -31,8 +31,8 @@ WHY = {
                                   "round with A alone (one node is enough): lives of 2, then 1",
     ("node_lost", "restarts"): "A's worker fails in its next collective with B: a failure, which torchrun counts "
                                "(1 in the second life)",
-    ("node_lost", "resumes_at"): "rank 0 had saved epoch after_epoch before B was killed (the save ends with a "
-                                 "barrier with B): the survivor goes on with the epoch after it",
+    ("node_lost", "resumes_at"): "the checkpoint of epoch after_epoch was complete when B was killed: the "
+                                 "survivor loads it and goes on with the epoch after it",
     ("node_lost", "rank_of_a"): "alone in its group, A's worker is rank 0",
 }
 

@@ -37,16 +37,20 @@ class SmallCNN(nn.Module):
 
 def save_checkpoint(path, model, optimizer, epoch):
     # TODO checkpoint: rank 0 saves the model's and the optimizer's state_dict, the epoch just
-    # finished and the RNG state (torch.get_rng_state()) in one dict. Atomically: torch.save to a
-    # temporary file next to `path`, then os.replace() it onto `path` (a rename is all or nothing,
-    # so a kill during the save leaves the previous checkpoint whole). Then every rank waits at
-    # dist.barrier() until the checkpoint is complete.
+    # finished and every rank's RNG state (torch.get_rng_state(), gathered) in one dict.
+    # Atomically: torch.save to a temporary file next to `path`, then os.replace() it onto `path`
+    # (a rename is all or nothing, so a kill during the save leaves the previous checkpoint whole).
+    # Then every rank waits at dist.barrier() until the checkpoint is complete.
+    # Every rank's generator: each draws random numbers of its own (dropout, augmentation).
+    mine = torch.get_rng_state().to(next(model.parameters()).device)  # NCCL gathers on the GPU
+    rng_states = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rng_states, mine)
     if dist.get_rank() == 0:
         checkpoint = {
             "model": model.module.state_dict(),  # the model inside DDP: loads without DDP too
             "optimizer": optimizer.state_dict(),  # SGD's momentum buffers are part of the training
             "epoch": epoch,
-            "rng": torch.get_rng_state(),
+            "rng": [state.cpu() for state in rng_states],  # by rank
         }
         temporary = f"{path}.tmp"
         torch.save(checkpoint, temporary)
@@ -57,14 +61,16 @@ def save_checkpoint(path, model, optimizer, epoch):
 def load_checkpoint(path, model, optimizer, device):
     """The epoch to start from: 1, or the one after the last checkpoint's."""
     # TODO resume: if `path` exists, torch.load it with map_location=device (it was saved from
-    # rank 0's device), load the model's and the optimizer's state and the RNG state, and return
-    # the epoch after the saved one. Every rank loads it: each has its own copy of the model.
+    # rank 0's device), load the model's and the optimizer's state and this rank's RNG state, and
+    # return the epoch after the saved one. Every rank loads it: each has its own copy of the model.
     if not os.path.exists(path):
         return 1
     checkpoint = torch.load(path, map_location=device)
     model.module.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
-    torch.set_rng_state(checkpoint["rng"].cpu())
+    rank = dist.get_rank()
+    if rank < len(checkpoint["rng"]):  # a rank new to the group (an elastic job grew) keeps its seed
+        torch.set_rng_state(checkpoint["rng"][rank].cpu())
     return checkpoint["epoch"] + 1
 
 

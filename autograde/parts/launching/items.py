@@ -3,7 +3,7 @@ restarted, and submitted to SLURM."""
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
-from autograde.parts.launching import checks, checks_slurm
+from autograde.parts.launching import checks, checks_elastic, checks_slurm
 
 PART_ID = "launching"
 ITEMS = [
@@ -13,6 +13,8 @@ ITEMS = [
              "resume_training.py", (checks.CHECKPOINT_RUNS,), checks.check_checkpoint),
     exercise("resume", "resume after a worker is killed", 2, PART_ID, "15_fault_tolerance", "resume_training.py",
              (checks.CHECKPOINT_RUNS, checks.RESTART_RUNS), checks.check_resume),
+    exercise("elastic", "what elastic torchrun does, predicted", 2, PART_ID, "15_fault_tolerance",
+             "elastic_predictions.py", (checks_elastic.ELASTIC_RUNS,), checks_elastic.check_elastic),
     exercise("slurm_env", "SLURM's variables mapped to PyTorch's", 2, PART_ID, "16_slurm", "slurm_env.py",
              (checks_slurm.SLURM_ENV_RUNS,), checks_slurm.check_slurm_env),
     exercise("slurm_job", "a batch script that starts the job's tasks", 2, PART_ID, "16_slurm", "slurm_job.sbatch",

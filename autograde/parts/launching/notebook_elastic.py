@@ -104,6 +104,24 @@ def check(run: ElasticRun, world_sizes: list[int]) -> None:
           f"all {run.epochs} epochs trained, in {run.seconds:.0f} s")
 
 
+def compare(prediction: object, run: ElasticRun) -> None:
+    """A prediction (a dict, as exercises/elastic_predictions.py returns) beside what `run` did, key by key."""
+    if not isinstance(prediction, dict):
+        print(f"the prediction is {prediction!r}, not a dict")
+        return
+    last = run.lives[-1] if run.lives else None
+    measured: dict[str, object] = {"world_sizes": run.world_sizes,
+                                   "restarts": [life.restart_count for life in run.lives],
+                                   "resumes_at": last.resumed_at if last else None}
+    measured |= {f"rank_of_{node.lower()}": rank for node, rank in (last.ranks.items() if last else ())}
+    for key, value in measured.items():
+        if key in prediction or not key.startswith("rank_of_"):
+            mine = prediction.get(key, "(not predicted)")
+            print(f"{key:<12} predicted {str(mine):<16} measured {value}"
+                  + ("   (the earliest it can be)" if key == "resumes_at" and len(run.lives) > 1
+                     and run.world_sizes[0] < run.world_sizes[-1] else ""))
+
+
 def stand_in(folder: str | Path | None = None) -> Path:
     """The small synthetic stand-in the scenarios train on (written on first use)."""
     root = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"ddp-lab-elastic-data-{TRAIN_IMAGES}"

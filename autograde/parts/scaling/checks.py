@@ -62,6 +62,11 @@ STUDIES: list[dict[int, float]] = [
 ]
 LOGS: list[list[float]] = [[9.7, 5.1, 4.9, 5.3], [7.25]]
 PREDICT_AT = 16
+# half_efficiency, beyond the studies' fits: (params, max_n or None for the default of 1024). No
+# communication and nothing sequential never drops; a sequential part alone does, at 12 (0.505 at
+# 11); a small one only at 669, so not within a max_n of 500. No case is within 1e-4 of one half.
+HALF_CASES: list[tuple[tuple[float, float, float], int | None]] = [
+    ((100.0, 0.0, 0.0), None), ((92.0, 10.0, 0.0), None), ((1000.0, 1.5, 0.0), None), ((1000.0, 1.5, 0.0), 500)]
 TOLERANCE = 1e-6  # the same arithmetic in another order differs far less; a fitted parameter: 1e-4
 
 
@@ -100,12 +105,44 @@ def _show(times: dict[int, float]) -> str:
     return "{" + ", ".join(f"{n}: {t:g}" for n, t in times.items()) + "}"
 
 
+def model_efficiency(params: Sequence[float], n: int) -> float:
+    return model_time(params, 1) / (n * model_time(params, n))
+
+
+def half_point(params: Sequence[float], max_n: int = 1024) -> int | None:
+    """The fewest processes, 1 to max_n, at which the model's efficiency is below one half, or None."""
+    return next((n for n in range(1, max_n + 1) if model_efficiency(params, n) < 0.5), None)
+
+
+def _half_problem(params: Sequence[float], max_n: int | None, returned: Any) -> str | None:
+    """What is wrong with half_efficiency's answer for these parameters, or None."""
+    want = half_point(params, max_n or 1024)
+    shown = f"half_efficiency(({', '.join(f'{x:.4g}' for x in params)}){f', {max_n}' if max_n else ''})"
+    got = _number(returned)
+    if returned is None and want is None:
+        return None
+    if got is not None and want is not None and got == want:
+        return None
+    if want is None:
+        return (f"{shown} gave {returned!r}; the model's efficiency stays at one half or more for every N "
+                f"up to {max_n or 1024} (at N = {max_n or 1024}: {model_efficiency(params, max_n or 1024):.4f}): None")
+    said = ""
+    if got is not None and got == int(got) and got >= 1:
+        said = f" (the model's efficiency at N = {int(got)} is {model_efficiency(params, int(got)):.4f})"
+    return (f"{shown} gave {returned!r}{said}; the model's efficiency first drops below one half at N = {want} "
+            f"({model_efficiency(params, want):.4f}"
+            + (f", and {model_efficiency(params, want - 1):.4f} at N = {want - 1})" if want > 1 else ")"))
+
+
 def check_scaling(ws: Workspace) -> str:
     """epoch_time averages a JSON-lines log's epoch times without the first epoch; speedup gives
     T(1)/T(N) and efficiency T(1)/(N T(N)) for every N (to 1e-6); fit_time_model gives the
     least-squares parameters of T(N) = t_par/N + t_seq + t_comm (N - 1) (to 1e-4 of the
-    measurements' scale, so any solver passes); predict_time gives the model's T(16). Three
-    studies: the exact model, measured-looking times, and N = 1, 2, 4, 8 given out of order.
+    measurements' scale, so any solver passes); predict_time gives the model's T(16);
+    half_efficiency gives the fewest N at which the model's efficiency T(1)/(N T(N)) is below 0.5,
+    or None when no N up to max_n (default 1024) is. Three studies: the exact model,
+    measured-looking times, and N = 1, 2, 4, 8 given out of order; and four more models for
+    half_efficiency (one that never drops, one that drops only past max_n).
     Dicts or lists in increasing N, tuples, arrays and tensors are all accepted."""
     paths = []
     for i, times in enumerate(LOGS):
@@ -118,6 +155,8 @@ def check_scaling(ws: Workspace) -> str:
         as_json = {str(n): t for n, t in study.items()}
         calls += [("speedup", [as_json]), ("efficiency", [as_json]), ("fit_time_model", [as_json])]
     calls += [("predict_time", [list(time_model(s)), PREDICT_AT]) for s in STUDIES]
+    halves = [(time_model(s), None) for s in STUDIES] + HALF_CASES
+    calls += [("half_efficiency", [list(p)] + ([m] if m else [])) for p, m in halves]
     found = iter(_calls(ws, SCALING_RUNS, "calls of the scaling functions", calls))
 
     def value(call: Call) -> Any:
@@ -164,11 +203,17 @@ def check_scaling(ws: Workspace) -> str:
         require(got is not None and _close(got, want, TOLERANCE),
                 f"predict_time(({', '.join(f'{x:.4g}' for x in params)}), {PREDICT_AT}) gave "
                 f"{f'{got:.4g}' if got is not None else returned!r}; "
-                f"the model gives {want:.4g}", "T(n) = t_par / n + t_seq + t_comm * (n - 1)")
+                f"the model gives {want:.4g}", "predict with notebook 17's model of T(N), the parameters in the "
+                "order fit_time_model returns them")
+    for params, max_n in halves:
+        problem = _half_problem(params, max_n, value(next(found)))
+        require(problem is None, problem or "", "return the first N whose predicted efficiency, the model's T(1) "
+                "over N times its T(N), is below 0.5, and None when no N up to max_n is")
     measured = time_model(STUDIES[1])
-    return (f"speedup, efficiency, the fit and T({PREDICT_AT}) right on 3 studies; for "
-            f"{_show(STUDIES[1])} s: T(N) = {measured[0]:.1f}/N + {measured[1]:.1f} + {measured[2]:.2f}(N-1), "
-            f"T({PREDICT_AT}) = {model_time(measured, PREDICT_AT):.1f} s")
+    return (f"speedup, efficiency, the fit, T({PREDICT_AT}) and the half-efficiency point right on 3 studies and "
+            f"{len(HALF_CASES)} models; for {_show(STUDIES[1])} s: T(N) = {measured[0]:.1f}/N + {measured[1]:.1f} + "
+            f"{measured[2]:.2f}(N-1), T({PREDICT_AT}) = {model_time(measured, PREDICT_AT):.1f} s, efficiency below "
+            f"one half from N = {half_point(measured)}")
 
 
 # warmup and lr_scaling: the large-batch learning rate --------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 
 from autograde.parts.launching import notebook_elastic as elastic
+from autograde.parts.launching.checks_elastic import outcome
 
 SOLUTION = str(ROOT / "solutions" / "resume_training.py")
 EPOCHS = 5
@@ -56,10 +57,15 @@ def test_a_node_that_joins_later_restarts_the_group_which_goes_on_from_the_check
     assert [life.restart_count for life in run.lives] == [0, 0], "a node that joins counts as no failure"
     assert run.finished and run.exit_status == {"A": 0, "B": 0}, run.table()
     assert_nothing_left(run)
+    # what the item "elastic" compares the learner's node_joins with is what this run did
+    told = outcome("node_joins", EPOCHS, 1)
+    assert (told["world_sizes"], told["restarts"], told["rank_of_b"]) == (
+        run.world_sizes, [life.restart_count for life in run.lives], both.ranks["B"]), run.table()
+    assert told["resumes_at"] <= both.resumed_at, run.table()  # the earliest it can be
 
 
 @pytest.mark.launch
-def test_a_lost_node_leaves_the_survivor_to_go_on_alone_from_the_checkpoint() -> None:
+def test_a_lost_node_leaves_the_survivor_to_go_on_alone_from_the_checkpoint(capsys: pytest.CaptureFixture[str]) -> None:
     run = elastic.lose_node(SOLUTION, epochs=EPOCHS, after_epoch=2, echo=False)
     assert run.world_sizes == [2, 1], run.table()
     both, alone = run.lives
@@ -70,6 +76,15 @@ def test_a_lost_node_leaves_the_survivor_to_go_on_alone_from_the_checkpoint() ->
     assert [life.restart_count for life in run.lives] == [0, 1], run.table()
     assert run.finished and run.exit_status == {"A": 0, "B": -9}, run.table()
     assert_nothing_left(run)
+    assert outcome("node_lost", EPOCHS, 2) == {  # what the item "elastic" compares node_lost with
+        "world_sizes": run.world_sizes, "restarts": [life.restart_count for life in run.lives],
+        "resumes_at": alone.resumed_at, "rank_of_a": alone.ranks["A"]}, run.table()
+    capsys.readouterr()
+    elastic.compare({"world_sizes": [2, 2], "resumes_at": 3}, run)  # a prediction beside the run, key by key
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert set(rows) == {"world_sizes", "restarts", "resumes_at"}, rows  # rank_of_a: not predicted, not shown
+    assert "predicted [2, 2]" in rows["world_sizes"] and rows["world_sizes"].endswith("measured [2, 1]"), rows
+    assert "(not predicted)" in rows["restarts"] and rows["resumes_at"].endswith("measured 3"), rows
     # the picture: a bar per node and life, the kill on B's row, the checkpoint loaded in the last life
     fig = elastic.timeline(run)
     shown = [text.get_text() for ax in fig.axes for text in ax.texts]

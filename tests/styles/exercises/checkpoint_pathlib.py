@@ -6,9 +6,12 @@ def save_checkpoint(path, model, optimizer, epoch):
     from pathlib import Path
 
     target = Path(path)
+    state = torch.get_rng_state().to(next(model.parameters()).device)
+    generators = [torch.empty_like(state) for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+    dist.gather(state, generators, dst=0)  # each rank's generator, in rank order, on rank 0
     if dist.get_rank() == 0:
         state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                 "epoch": epoch, "rng": torch.get_rng_state()}
+                 "epoch": epoch, "rng": [g.cpu() for g in generators]}
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=target.name, delete=False) as handle:
             torch.save(state, handle)
         Path(handle.name).replace(target)

@@ -1,5 +1,6 @@
-"""Scaling functions without numpy: lists in increasing N, and the least-squares fit solved
-from its normal equations by hand (Cramer's rule on the 3 x 3 system)."""
+"""Scaling functions without numpy: lists in increasing N, the least-squares fit solved
+from its normal equations by hand (Cramer's rule on the 3 x 3 system), and a while loop for the
+half-efficiency point."""
 import json
 
 
@@ -46,3 +47,13 @@ def fit_time_model(times):
 def predict_time(params, n):
     t_par, t_seq, t_comm = params
     return t_par / n + t_seq + (n - 1) * t_comm
+
+
+def half_efficiency(params, max_n=1024):
+    # efficiency below one half: N x T(N) more than twice T(1)
+    n = 1
+    while n <= max_n:
+        if 2 * predict_time(params, 1) < n * predict_time(params, n):
+            return n
+        n += 1
+    return None

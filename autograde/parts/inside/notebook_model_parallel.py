@@ -27,7 +27,7 @@ from autograde.engine.run import Run
 from autograde.engine.workspace import Workspace
 from autograde.jupyter import runtime
 from autograde.jupyter.figures import RANK_COLOURS, finish
-from autograde.parts.inside.checks_model_parallel import SCHEDULE, STAGES_RUNS, held_at_most, one_f_one_b_order, passes
+from autograde.parts.inside.checks_pipeline import SCHEDULE, STAGES_RUNS, held_at_most, one_f_one_b_order, passes
 from autograde.parts.inside.reports import StagesReport, StagesTask
 from autograde.protocol import ProcessTrace, decode
 

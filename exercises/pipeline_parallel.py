@@ -68,8 +68,8 @@ def interleaved_1f1b(chunks, micro_batches, targets, loss_fn):
     # - a rank never holds every micro-batch's activations through all its chunks at once (GPipe's memory);
     # - the step's bubble is smaller than one_f_one_b's for the same S and M (the check counts it from
     #   the order of your passes, every pass of a chunk taking 1/v of a stage's time, messages free).
-    # Two ranks now exchange messages of several chunks, in both directions: each recv must get the
-    # message it expects. Look up: dist.isend's and dist.recv's tag.
+    # Two ranks now exchange the messages of several chunks, in both directions: each recv must get the
+    # message it expects (a tag, an argument of dist.isend and dist.recv, can tell them apart).
     pass  # your code
 
 

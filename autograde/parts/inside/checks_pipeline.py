@@ -117,12 +117,13 @@ def held_at_most(events: list[dict[str, Any]]) -> int:
     return most
 
 
-def _order(events: list[dict[str, Any]]) -> list[Pass]:
+def pass_order(events: list[dict[str, Any]]) -> list[Pass]:
     return [(e["kind"], e.get("chunk", 0), e["micro"]) for e in events if e["ev"] == "pass_start"]
 
 
 def _said(order: list[Pass], chunks: int = 1) -> str:
-    return " ".join(f"{k}{i}" if chunks == 1 else f"{k}{i}.{c}" for k, c, i in order)
+    """The passes as F0 B0 ...; with chunks, F0c1: micro-batch 0's forward pass through chunk 1."""
+    return " ".join(f"{k}{i}" if chunks == 1 else f"{k}{i}c{c}" for k, c, i in order)
 
 
 def _in_backward(trace: ProcessTrace) -> bool:
@@ -139,13 +140,34 @@ def _in_backward(trace: ProcessTrace) -> bool:
     return sum(1 for e in started if e["case"] == case["case"] and e["kind"] == "F") >= case["micro_batches"]
 
 
-def _judge_stall(run: Run, reports: list[StagesReport]) -> None:
+def _judge_interleaved_stall(run: Run) -> None:
+    """An interleaved pipeline stuck with the last rank's loss computed and its backward pass never
+    started: every micro-batch's backward pass begins at the last chunk of the last rank."""
+    for (n, rank), trace in sorted(run.by_group().items()):
+        cases = trace.named("pipeline_case")
+        if rank != n - 1 or not cases or not (waiting := trace.waiting_in()) or waiting.get("call") != "recv":
+            continue
+        order = pass_order(passes(trace).get(cases[-1]["case"], []))
+        if ("F", CHUNKS - 1, 0) in order and ("B", CHUNKS - 1, 0) not in order:
+            require(False, f"with {n} ranks, rank {rank} waited in dist.recv with micro-batch 0's loss computed "
+                    f"through its chunk {CHUNKS - 1}, whose backward pass it never started, in: "
+                    f"{_said(order, CHUNKS)}: no gradient comes to a rank before that backward pass has run",
+                    "a micro-batch's backward pass starts at the loss and comes back through the virtual stages "
+                    "last to first: in which order does a rank run its chunks' backward passes?")
+
+
+def _judge_stall(run: Run, reports: list[StagesReport], chunks: int = 1) -> None:
     """A deadlocked pipeline, named by the stage that waits where it should not: a backward pass that
-    waits on the stage before it, two neighbours that both wait in a blocking send, or a stage that
-    raised an error while the others waited for it."""
+    waits on the stage before it, two neighbours that both wait in a blocking send, (interleaved) a
+    backward pass started elsewhere than at the loss, or a stage that raised an error while the
+    others waited for it."""
     if not (run.stalled or any(r.timed_out for r in run.results)):
         return
+    if chunks > 1:
+        _judge_interleaved_stall(run)
     for (n, rank), trace in sorted(run.by_group().items()):
+        if chunks > 1:
+            break  # an interleaved stage receives from the rank before it in its backward passes too
         waiting = trace.waiting_in()
         messages = trace.named("message")
         if waiting is None or not messages:
@@ -162,11 +184,11 @@ def _judge_stall(run: Run, reports: list[StagesReport]) -> None:
                 "blocking send returns only when the other side receives, and each waited for the other",
                 "send with dist.isend (wait for the requests before returning), or pair each send with the recv "
                 "the other side makes at the same time (dist.batch_isend_irecv)")
-    _judge_errors(reports, "; the other stages waited for it")
+    _judge_errors(reports, "; the other stages waited for it", chunks)
     run_ok(run, "every send needs the matching recv on the other stage, in an order that lets both happen")
 
 
-def _judge_errors(reports: list[StagesReport], after: str = "") -> None:
+def _judge_errors(reports: list[StagesReport], after: str = "", chunks: int = 1) -> None:
     """A stage's error, with its likeliest cause where the error is a None sent back: the gradient of an
     input that was received without asking for one."""
     for r in reports:
@@ -179,7 +201,9 @@ def _judge_errors(reports: list[StagesReport], after: str = "") -> None:
             require(False, f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank}: "
                     f"{c.error}{cause}{after}", "every stage after the first receives its input, which must ask "
                     "for a gradient (requires_grad_()) so that its gradient can be sent back" if none_sent else
-                    "make the schedule work as the TODO's contract says, on any number of stages and micro-batches")
+                    "make the schedule work as the TODO's contract says, on any number of stages and micro-batches"
+                    + ("; a chunk's backward pass of a micro-batch needs its forward pass done on this rank first: "
+                       "how many chunk passes does the first backward pass of rank r wait for?" if chunks > 1 else ""))
 
 
 def _stages_run(ws: Workspace, schedule: str) -> tuple[Run, list[StagesReport]]:
@@ -191,12 +215,12 @@ def _stages_run(ws: Workspace, schedule: str) -> tuple[Run, list[StagesReport]]:
     run = ws.called(STAGES_RUNS, schedule, f"{function} on {' and '.join(sizes)} stages", task)
     reports = sorted((decode(StagesReport, r) for r in (run.report or {}).get("ranks", [])),
                      key=lambda r: (r.world_size, r.rank))
-    _judge_stall(run, reports)
+    _judge_stall(run, reports, chunks)
     require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
     for r in reports:
         require(r.error is None, f"with {r.world_size} stages, stage {r.rank}: {r.error}",
                 f"the file must define {function}({'chunks' if chunks > 1 else 'stage'}, micro_batches, targets, loss_fn)")
-    _judge_errors(reports)
+    _judge_errors(reports, chunks=chunks)
     require({r.world_size for r in reports} == set(STAGE_COUNTS), f"the {run.name} ran only with "
             f"{sorted({r.world_size for r in reports})} stages", f"make {function} work with any number of stages")
     return run, reports
@@ -249,7 +273,7 @@ def check_gpipe(ws: Workspace) -> str:
     where the stages waited."""
     run, reports = _stages_run(ws, "gpipe")
     for r, case, m, events in _stage_passes(run, reports):
-        order = _order(events)
+        order = pass_order(events)
         where = f"with {r.world_size} stages and {_micro(m)}, stage {r.rank}"
         forwards = [i for k, _, i in order if k == "F"]
         backwards = sorted(i for k, _, i in order if k == "B")
@@ -279,8 +303,8 @@ def _judge_1f1b_order(where: str, order: list[Pass], stages: int, stage: int, m:
                     "once a stage holds as many micro-batches as its bound, its next pass is a backward pass")
             done_f += 1
         else:
-            require(held >= bound or done_f == m, f"{where} started B{i} while holding only {held} micro-batches' "
-                    f"activations with F{done_f} still to run, in: {_said(order)}: its gradient can come back only "
+            require(held >= bound or done_f == m, f"{where} started B{i} while holding the activations of only "
+                    f"{_micro(held)}, with F{done_f} still to run, in: {_said(order)}: its gradient can come back only "
                     "after the later stages' passes, so the stage waits, idle, where it could have run a forward pass",
                     f"stage {stage} of {stages} keeps running forward passes while it holds fewer than "
                     f"{stages - stage} micro-batches' activations")
@@ -297,7 +321,7 @@ def check_1f1b(ws: Workspace) -> str:
     GPipe's order. Only 1F1B's order meets all three."""
     run, reports = _stages_run(ws, "1f1b")
     for r, case, m, events in _stage_passes(run, reports):
-        order = _order(events)
+        order = pass_order(events)
         where = f"with {r.world_size} stages and {_micro(m)}, stage {r.rank}"
         _judge_each_once(where, order, m)
         _judge_1f1b_order(where, order, r.world_size, r.rank, m)
@@ -316,7 +340,7 @@ def check_interleaved(ws: Workspace) -> str:
     run, reports = _stages_run(ws, "interleaved")
     orders: dict[tuple[int, int], dict[int, list[Pass]]] = {}
     for r, case, m, events in _stage_passes(run, reports):
-        order = _order(events)
+        order = pass_order(events)
         where = f"with {r.world_size} ranks and {_micro(m)}, rank {r.rank}"
         _judge_each_once(where, order, m, CHUNKS)
         held = held_at_most(events)

@@ -1,6 +1,8 @@
 """Model parallelism (notebook 22): the pipeline traced by the checker for real (the solution's,
-and the exercise's TODOs falling back on it), each stage's passes read from the trace; the idle
-share's arithmetic on made-up passes, the formula, the ideal schedules, and the figures."""
+and the exercise's TODOs falling back on it), each stage's passes read from the trace; the
+interleaved order's bubble counted from its trace; the learner's bubble_fraction read as the
+notebook's prediction; the idle share's arithmetic on made-up passes, the formula, the ideal
+schedules, and the figures."""
 from __future__ import annotations
 
 from typing import Any

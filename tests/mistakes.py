@@ -561,7 +561,29 @@ EXERCISE_MISTAKES += [
         ("        sends.append((dist.isend(x.grad, dst=rank - 1), x.grad))\n", "        dist.send(x.grad, dst=rank - 1)\n")),
             "each waited in dist.send at once"),
     Mistake("1f1b_warmup_one_too_many", "1f1b", ((PP_WARMUP, PP_WARMUP.replace(" - 1, m)", ", m)")),),
-            "(holding 3 micro-batches' activations at most); 1F1B's order is F0 F1 B0"),
+            "started F2 while holding 2 micro-batches' activations"),
+    Mistake("1f1b_backward_too_early", "1f1b", (  # a warm-up one short: stage 0 waits for B0 with F1 free to run
+        (PP_WARMUP, "    warmup = max(min(dist.get_world_size() - dist.get_rank() - 2, m), 0)\n"),),
+            "the stage waits, idle, where it could have run a forward pass"),
+]
+# interleaved_1f1b and bubble_fraction (pipeline_parallel.py, notebook 22)
+PP_WHICH = "        return (v - 1 - chunk if backward else chunk), group * world + j % world\n"
+PP_IWARMUP = "    warmup = min((world - rank - 1) * 2 + (v - 1) * world, total)\n"
+PP_BUBBLE = "    return (stages - 1) / (chunks * micro_batches + stages - 1)\n"
+EXERCISE_MISTAKES += [
+    Mistake("interleaved_backward_chunks_in_forward_order", "interleaved", (
+        (PP_WHICH, "        return chunk, group * world + j % world\n"),), "whose backward pass it never started"),
+    Mistake("interleaved_plain_warmup", "interleaved", ((PP_IWARMUP, "    warmup = min(world - rank - 1, total)\n"),),
+            "KeyError: (1, 0)"),
+    Mistake("interleaved_all_forwards_first", "interleaved", ((PP_IWARMUP, "    warmup = total\n"),),
+            "held the activations of all 6 micro-batches through its 2 chunks at once: that is GPipe's memory"),
+    Mistake("bubble_over_compute_time", "bubble", ((PP_BUBBLE, "    return (stages - 1) / (chunks * micro_batches)\n"),),
+            "bubble_fraction(2, 1) returned 1; counted on 1F1B's passes"),
+    Mistake("bubble_chunks_ignored", "bubble", ((PP_BUBBLE, "    return (stages - 1) / (micro_batches + stages - 1)\n"),),
+            "bubble_fraction(2, 4, 2) returned 0.2; counted on interleaved 1F1B's passes"),
+    Mistake("bubble_chunks_divide_the_step", "bubble", (
+        (PP_BUBBLE, "    return (stages - 1) / (chunks * (micro_batches + stages - 1))\n"),),
+            "bubble_fraction(2, 4, 2) returned 0.1; counted on interleaved 1F1B's passes"),
 ]
 # lars.py (notebook 24): LARS's trust ratio
 LARS_RATIO = ("                        update = update * (group[\"eta\"] * weight_norm\n"

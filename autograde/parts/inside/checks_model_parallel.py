@@ -2,11 +2,10 @@
 
 The learner's pieces run in real gloo process groups, called by
 autograde/parts/inside/inprocess_model_parallel.py: `tensor_parallel` (f, g, the column and row
-layers and the MLP block, on 2 and 4 processes, against the unsplit layers), `two_d` (4 processes:
-tensor parallel in pairs, data parallel across them, against one process on the whole batch) and
-`stages` (a pipeline schedule on 2 and 3 stages and several numbers of micro-batches). What a rank
-computed is in its report; how many collectives each pass made, and in what order each stage ran
-its passes, is read from the trace.
+layers and the MLP block, on 2 and 4 processes, against the unsplit layers), and `two_d` (4 processes:
+tensor parallel in pairs, data parallel across them, against one process on the whole batch). What
+a rank computed is in its report; how many collectives each pass made is read from the trace. The
+pipelines' checks are checks_pipeline.py's.
 """
 from __future__ import annotations
 
@@ -22,17 +21,14 @@ from autograde.parts.inside.reports import (
     TWO_D_WORLD,
     ParallelCase,
     ParallelReport,
-    StagesReport,
-    StagesTask,
     TensorParallelTask,
     TwoDTask,
 )
-from autograde.protocol import COLLECTIVES, ProcessTrace, decode
+from autograde.protocol import COLLECTIVES, ProcessTrace
 
 # The kinds of run these checks read (an item's `runs`, items.py)
 TENSOR_PARALLEL_RUNS = RunKind("tensor_parallel")
 TWO_D_RUNS = RunKind("two_d")
-STAGES_RUNS = RunKind("stages")
 
 
 TOLERANCE = 1e-6
@@ -252,192 +248,3 @@ def check_two_d(ws: Workspace) -> str:
                 "process's", "average every gradient over the data group before the step")
     return (f"2-D parallelism on {TWO_D_WORLD} processes (tensor parallel in pairs, data parallel across them) "
             "trains the same weights as one process on the whole batch")
-
-
-# Pipelines ----------------------------------------------------------------------------------------
-
-STAGE_COUNTS = (2, 3)
-MICRO_BATCHES = (1, 4, 6)  # fewer than, more than and a multiple of the stages
-SCHEDULE = {"gpipe": "gpipe", "1f1b": "one_f_one_b"}
-
-
-def one_f_one_b_order(stages: int, stage: int, m: int) -> list[tuple[str, int]]:
-    """1F1B's passes on `stage` of `stages` with m micro-batches: the warm-up's forward passes (one per
-    later stage), then one forward and one backward in turn, then the backward passes left."""
-    warmup = min(stages - stage - 1, m)
-    order = [("F", i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [("F", warmup + i), ("B", i)]
-    return order + [("B", i) for i in range(m - warmup, m)]
-
-
-def passes(trace: ProcessTrace) -> dict[int, list[dict[str, Any]]]:
-    """Each case's "pass_start"/"pass_end" events on this stage, in order."""
-    found: dict[int, list[dict[str, Any]]] = {}
-    for e in trace.named("pass_start", "pass_end"):
-        found.setdefault(e["case"], []).append(e)
-    return found
-
-
-def held_at_most(events: list[dict[str, Any]]) -> int:
-    """The most micro-batches whose activations the stage held at once: forward passes done whose
-    backward pass had not ended."""
-    held = most = 0
-    for e in events:
-        if e["kind"] == "F" and e["ev"] == "pass_end":
-            held += 1
-            most = max(most, held)
-        elif e["kind"] == "B" and e["ev"] == "pass_end":
-            held -= 1
-    return most
-
-
-def _order(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return [(e["kind"], e["micro"]) for e in events if e["ev"] == "pass_start"]
-
-
-def _said(order: list[tuple[str, int]]) -> str:
-    return " ".join(f"{k}{i}" for k, i in order)
-
-
-def _in_backward(trace: ProcessTrace) -> bool:
-    """Whether the stage was in its backward passes: one had started, or every forward pass of the case
-    it was running had (a backward pass is traced from when its gradient arrives, so one that waits for
-    it shows only as the forward passes all done)."""
-    cases = trace.named("pipeline_case")
-    started = trace.named("pass_start")
-    if started and started[-1]["kind"] == "B":
-        return True
-    if not cases:
-        return False
-    case = cases[-1]
-    return sum(1 for e in started if e["case"] == case["case"] and e["kind"] == "F") >= case["micro_batches"]
-
-
-def _judge_stall(run: Run, reports: list[StagesReport]) -> None:
-    """A deadlocked pipeline, named by the stage that waits where it should not: a backward pass that
-    waits on the stage before it, two neighbours that both wait in a blocking send, or a stage that
-    raised an error while the others waited for it."""
-    if not (run.stalled or any(r.timed_out for r in run.results)):
-        return
-    for (n, rank), trace in sorted(run.by_group().items()):
-        waiting = trace.waiting_in()
-        messages = trace.named("message")
-        if waiting is None or not messages:
-            continue
-        last = messages[-1]
-        if waiting.get("call") == "recv" and last.get("peer") == rank - 1 and _in_backward(trace):
-            before = f"stage {rank - 1}" if rank else "rank -1 (no stage comes before the first)"
-            require(False, f"with {n} stages, stage {rank} waited in a backward pass to receive from {before}, "
-                    "which never sends it anything then", "in the backward pass a stage receives its output's "
-                    "gradient from the next stage (rank + 1) and sends its input's to the one before")
-    blocked = [rank for (n, rank), t in run.by_group().items() if (w := t.waiting_in()) and w.get("call") == "send"]
-    if len(blocked) >= 2:
-        require(False, f"stages {' and '.join(map(str, sorted(blocked)))} each waited in dist.send at once: a "
-                "blocking send returns only when the other side receives, and each waited for the other",
-                "send with dist.isend (wait for the requests before returning), or pair each send with the recv "
-                "the other side makes at the same time (dist.batch_isend_irecv)")
-    _judge_errors(reports, "; the other stages waited for it")
-    run_ok(run, "every send needs the matching recv on the other stage, in an order that lets both happen")
-
-
-def _judge_errors(reports: list[StagesReport], after: str = "") -> None:
-    """A stage's error, with its likeliest cause where the error is a None sent back: the gradient of an
-    input that was received without asking for one."""
-    for r in reports:
-        for c in r.cases:
-            if c.error is None:
-                continue
-            none_sent = r.rank > 0 and "NoneType" in c.error
-            cause = (": the gradient it sent back was None, its received input never having been made to "
-                     "require grad" if none_sent else "")
-            require(False, f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank}: "
-                    f"{c.error}{cause}{after}", "every stage after the first receives its input, which must ask "
-                    "for a gradient (requires_grad_()) so that its gradient can be sent back" if none_sent else
-                    "make the schedule work as the TODO's contract says, on any number of stages and micro-batches")
-
-
-def _stages_run(ws: Workspace, schedule: str) -> tuple[Run, list[StagesReport]]:
-    sizes = [str(n) for n in STAGE_COUNTS]
-    function = SCHEDULE[schedule]
-    run = ws.called(STAGES_RUNS, schedule, f"{function} on {' and '.join(sizes)} stages",
-                    StagesTask(world_sizes=list(STAGE_COUNTS), schedule=function, micro_batches=list(MICRO_BATCHES)))
-    reports = sorted((decode(StagesReport, r) for r in (run.report or {}).get("ranks", [])),
-                     key=lambda r: (r.world_size, r.rank))
-    _judge_stall(run, reports)
-    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    for r in reports:
-        require(r.error is None, f"with {r.world_size} stages, stage {r.rank}: {r.error}",
-                f"the file must define {function}(stage, micro_batches, targets, loss_fn)")
-    _judge_errors(reports)
-    require({r.world_size for r in reports} == set(STAGE_COUNTS), f"the {run.name} ran only with "
-            f"{sorted({r.world_size for r in reports})} stages", f"make {function} work with any number of stages")
-    return run, reports
-
-
-def _stage_passes(run: Run, reports: list[StagesReport]) -> list[tuple[StagesReport, int, int, list[dict[str, Any]]]]:
-    """(report, case, micro-batches, the passes traced) of every stage and case; a stage that never ran
-    its layers is named."""
-    traces = run.by_group()
-    found = []
-    for r in reports:
-        trace = traces.get((r.world_size, r.rank))
-        traced = passes(trace) if trace is not None else {}
-        for case, c in enumerate(r.cases):
-            events = traced.get(case, [])
-            require(events, f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank} never "
-                    "called its stage", "call stage(x) once per micro-batch: that is the forward pass through this "
-                    "process's layers")
-            found.append((r, case, c.micro_batches, events))
-    return found
-
-
-def _judge_gradients(reports: list[StagesReport]) -> None:
-    for r in reports:
-        for c in r.cases:
-            where = f"with {r.world_size} stages and {_micro(c.micro_batches)}, stage {r.rank}"
-            require(c.gradient <= TOLERANCE, f"{where}: the gradients are {c.gradient:.1e} from the unsplit model's "
-                    f"on the whole batch (at most {TOLERANCE:g})", "each micro-batch's loss counts 1/M of the "
-                    "whole batch's mean loss, and every micro-batch's gradient adds into .grad")
-
-
-def check_gpipe(ws: Workspace) -> str:
-    """gpipe on 2 and 3 stages with 1, 4 and 6 micro-batches: every stage's gradients equal the unsplit
-    model's on the whole batch, to 1e-6; from the trace, every stage ran every micro-batch's forward
-    pass, in order, before any backward pass, and each backward pass once. A deadlock is named by
-    where the stages waited."""
-    run, reports = _stages_run(ws, "gpipe")
-    for r, case, m, events in _stage_passes(run, reports):
-            order = _order(events)
-            forwards = [i for k, i in order if k == "F"]
-            backwards = sorted(i for k, i in order if k == "B")
-            where = f"with {r.world_size} stages and {_micro(m)}, stage {r.rank}"
-            require(forwards == list(range(m)) and backwards == list(range(m)), f"{where} ran {_said(order)}",
-                    "call the stage once per micro-batch, in order, and run each micro-batch's backward pass once")
-            require(order[:m] == [("F", i) for i in range(m)], f"{where} ran {_said(order)}: a backward pass "
-                    "before every forward pass was done", "GPipe: every micro-batch's forward pass, then the backward passes")
-    _judge_gradients(reports)
-    return "gpipe gives the unsplit model's gradients on 2 and 3 stages with 1, 4 and 6 micro-batches"
-
-
-def check_1f1b(ws: Workspace) -> str:
-    """one_f_one_b on 2 and 3 stages with 1, 4 and 6 micro-batches: every stage's gradients equal
-    the unsplit model's, to 1e-6; from the trace, each stage ran exactly 1F1B's order (warm-up
-    forwards, one forward and one backward in turn, the backwards left), so the first stage never
-    held more than S micro-batches' activations at once. All forwards first is named as GPipe's order."""
-    run, reports = _stages_run(ws, "1f1b")
-    for r, case, m, events in _stage_passes(run, reports):
-            order, want = _order(events), one_f_one_b_order(r.world_size, r.rank, m)
-            where = f"with {r.world_size} stages and {_micro(m)}, stage {r.rank}"
-            held = held_at_most(events)
-            if order != want and order[:m] == [("F", i) for i in range(m)] and m > r.world_size - r.rank:
-                require(False, f"{where} ran all {m} forward passes before its first backward pass and held {held} "
-                        f"micro-batches' activations at once: that is GPipe's order; 1F1B's is {_said(want)}",
-                        "start the backward passes as soon as the warm-up's forward passes are done, then "
-                        "alternate")
-            require(order == want, f"{where} ran {_said(order)} (holding {held} micro-batches' activations at "
-                    f"most); 1F1B's order is {_said(want)}", "warm-up: one forward pass per later stage; then one "
-                    "forward and one backward in turn; then the backward passes left")
-    _judge_gradients(reports)
-    return ("one_f_one_b gives the unsplit model's gradients on 2 and 3 stages with 1, 4 and 6 micro-batches, in "
-            "1F1B's order (the first stage holding at most S micro-batches' activations)")

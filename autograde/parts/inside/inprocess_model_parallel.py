@@ -12,8 +12,10 @@ learner's tensor-parallel layers, 2-D arrangement and pipeline schedules in real
   tensor group trains 3 SGD steps on the data group's share of each batch, its gradients averaged by
   the learner's average_gradients over the data group, against one process on the whole batches.
 - `stages`: the learner's gpipe or one_f_one_b on S ranks and several numbers of micro-batches, each
-  stage against the unsplit model's gradients. The stage the learner is given is wrapped (`Traced`)
-  so that each pass of each micro-batch is traced: "pass_start"/"pass_end" events, F and B.
+  stage against the unsplit model's gradients; or, with `chunks` > 1, its interleaved_1f1b, rank r
+  given the list of its chunks (virtual stages r, r + S, ... of a model cut into chunks * S). Each
+  stage or chunk the learner is given is wrapped (`Traced`) so that each pass of each micro-batch is
+  traced: "pass_start"/"pass_end" events, F and B, with the chunk's index.
 All run on the CPU with gloo, even where there are GPUs: they are judged on their arithmetic.
 """
 from __future__ import annotations
@@ -273,7 +275,7 @@ def stage_model(stages: int, width: int = STAGE_WIDTH) -> Any:
                            for _ in range(stages * LAYERS_PER_STAGE)])
 
 
-def traced_stage(stage: Any, case: int) -> Any:
+def traced_stage(stage: Any, case: int, chunk: int = 0) -> Any:
     """`stage` as the learner is given it: the same module, each pass of each micro-batch traced.
     The n-th call is micro-batch n; its backward pass starts when its output's gradient arrives, and
     ends when its input's gradient has been made (on the first stage, whose input needs none, the
@@ -289,7 +291,7 @@ def traced_stage(stage: Any, case: int) -> Any:
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            tracer.emit("pass_end", case=case, kind="B", micro=ctx.micro)
+            tracer.emit("pass_end", case=case, kind="B", micro=ctx.micro, chunk=chunk)
             return grad, None
 
     class Traced(nn.Module):
@@ -300,13 +302,13 @@ def traced_stage(stage: Any, case: int) -> Any:
 
         def forward(self, x: Any) -> Any:
             micro, self.calls = self.calls, self.calls + 1
-            tracer.emit("pass_start", case=case, kind="F", micro=micro)
+            tracer.emit("pass_start", case=case, kind="F", micro=micro, chunk=chunk)
             if not x.requires_grad:
                 x = x.detach().requires_grad_()
             y = self.stage(EndOfBackward.apply(x, micro))
             if y.requires_grad:
-                y.register_hook(lambda grad: tracer.emit("pass_start", case=case, kind="B", micro=micro))
-            tracer.emit("pass_end", case=case, kind="F", micro=micro)
+                y.register_hook(lambda grad: tracer.emit("pass_start", case=case, kind="B", micro=micro, chunk=chunk))
+            tracer.emit("pass_end", case=case, kind="F", micro=micro, chunk=chunk)
             return y
 
     return Traced()
@@ -323,21 +325,25 @@ def stages(rank: int, options: StagesTask, device: Any) -> StagesReport:
     except BaseException as err:
         report.error = short_error(err, options.script)
         return report
-    n, width = options.world_size, options.width
+    n, width, v = options.world_size, options.width, options.chunks
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(options.batch_size, width, generator=generator)
     target = torch.randn(options.batch_size, width, generator=generator)
-    whole = stage_model(n, width)
+    whole = stage_model(n * v, width)
     F.mse_loss(whole(x), target).backward()
-    mine = slice(rank * LAYERS_PER_STAGE, (rank + 1) * LAYERS_PER_STAGE)
-    wanted = [p.grad for p in whole[mine].parameters()]
+    # this rank's virtual stages r, r + S, ...: one with chunks = 1
+    mine = [slice((c * n + rank) * LAYERS_PER_STAGE, (c * n + rank + 1) * LAYERS_PER_STAGE) for c in range(v)]
+    wanted = [p.grad for s in mine for p in whole[s].parameters()]
     for case, m in enumerate(options.micro_batches):
         found = StagesCase(m)
-        stage = stage_model(n, width)[mine]
+        model = stage_model(n * v, width)
+        chunks = [model[s] for s in mine]
         tracer.emit("pipeline_case", case=case, micro_batches=m)
         try:
-            schedule(traced_stage(stage, case), list(x.chunk(m)), list(target.chunk(m)), F.mse_loss)
-            found.gradient = max(_difference(p.grad, w) for p, w in zip(stage.parameters(), wanted))
+            given = [traced_stage(c, case, j) for j, c in enumerate(chunks)]
+            schedule(given if v > 1 else given[0], list(x.chunk(m)), list(target.chunk(m)), F.mse_loss)
+            found.gradient = max(_difference(p.grad, w)
+                                 for p, w in zip([p for c in chunks for p in c.parameters()], wanted))
         except BaseException as err:
             found.error = short_error(err, options.script)
             report.cases.append(found)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
-from autograde.parts.inside import checks, checks_hangs, checks_zero_memory
+from autograde.parts.inside import checks, checks_hangs, checks_pipeline, checks_zero_memory
 from autograde.parts.inside import checks_model_parallel as model_parallel
 
 PART_ID = "inside_ddp"
@@ -25,9 +25,13 @@ ITEMS = [
     exercise("two_d", "2-D parallelism: tensor parallel in pairs, data parallel across", 2, PART_ID,
              "22_model_parallel", TENSOR, (model_parallel.TWO_D_RUNS,), model_parallel.check_two_d),
     exercise("gpipe", "a pipeline with GPipe's schedule", 2, PART_ID, "22_model_parallel", PIPELINE,
-             (model_parallel.STAGES_RUNS,), model_parallel.check_gpipe),
+             (checks_pipeline.STAGES_RUNS,), checks_pipeline.check_gpipe),
     exercise("1f1b", "a pipeline with 1F1B's schedule", 2, PART_ID, "22_model_parallel", PIPELINE,
-             (model_parallel.STAGES_RUNS,), model_parallel.check_1f1b),
+             (checks_pipeline.STAGES_RUNS,), checks_pipeline.check_1f1b),
+    exercise("interleaved", "interleaved 1F1B: two chunks per process, a smaller bubble", 2, PART_ID,
+             "22_model_parallel", PIPELINE, (checks_pipeline.STAGES_RUNS,), checks_pipeline.check_interleaved),
+    exercise("bubble", "predict the bubble of S stages and M micro-batches", 1, PART_ID, "22_model_parallel",
+             PIPELINE, (checks_pipeline.BUBBLE_RUNS,), checks_pipeline.check_bubble),
     exercise("hang_collective", "fix a hang: a collective on one rank", 1, PART_ID, HANGS, "hang_collective.py",
              (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_collective),
     exercise("hang_uneven", "fix a hang: uneven batches", 1, PART_ID, HANGS, "hang_uneven.py", (checks_hangs.HANG_RUNS,),

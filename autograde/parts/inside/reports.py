@@ -29,12 +29,13 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "wrapped": ("case", "differs", "buckets"),
     # model parallelism (inprocess_model_parallel.py): a tensor-parallel case's phases
     # ("forward", "backward", "average", "end"), and a pipeline step's cases and passes: `kind` "F" or "B",
-    # micro-batch `micro`; a pass starts when the stage is called (F) or its output's gradient arrives (B),
-    # and ends when it returns (F) or its input's gradient is made (B)
+    # micro-batch `micro`, through this rank's chunk `chunk` (0 but in an interleaved schedule); a pass
+    # starts when the stage is called (F) or its output's gradient arrives (B), and ends when it returns
+    # (F) or its input's gradient is made (B)
     "phase": ("case", "phase"),
     "pipeline_case": ("case", "micro_batches"),
-    "pass_start": ("case", "kind", "micro"),
-    "pass_end": ("case", "kind", "micro"),
+    "pass_start": ("case", "kind", "micro", "chunk"),
+    "pass_end": ("case", "kind", "micro", "chunk"),
 }
 
 
@@ -181,6 +182,7 @@ class StagesTask(Task):
 
     schedule: str = "gpipe"
     micro_batches: list[int] = field(default_factory=lambda: [4])
+    chunks: int = 1  # > 1: an interleaved schedule, given each rank's list of chunks (virtual stages)
     width: int = STAGE_WIDTH
     batch_size: int = STAGE_BATCH  # the whole batch, cut into each number of micro-batches
     on_cpu: ClassVar[bool] = True

@@ -92,9 +92,9 @@ def test_the_tensor_parallel_program_matches_the_unsplit_layers_and_trains_2d_as
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_the_pipeline_program_gives_every_stage_the_unsplit_gradients(schedule: str) -> None:
-    result = run_script(ROOT / "solutions/pipeline_parallel.py", "--stages", "3", "--micro-batches", "4",
+@pytest.mark.parametrize("schedule, micro_batches", [("gpipe", "4"), ("1f1b", "4"), ("interleaved", "6")])
+def test_the_pipeline_program_gives_every_stage_the_unsplit_gradients(schedule: str, micro_batches: str) -> None:
+    result = run_script(ROOT / "solutions/pipeline_parallel.py", "--stages", "3", "--micro-batches", micro_batches,
                         "--schedule", schedule, timeout=180)
     assert result.returncode == 0 and not result.timed_out, result.output[-3000:]
     found = _differences(result.stdout)
@@ -104,7 +104,8 @@ def test_the_pipeline_program_gives_every_stage_the_unsplit_gradients(schedule: 
 
 @pytest.mark.launch
 @pytest.mark.parametrize("script, args", [("tensor_parallel.py", ["--world-size", "3"]),
-                                          ("pipeline_parallel.py", ["--batch-size", "10", "--micro-batches", "4"])])
+                                          ("pipeline_parallel.py", ["--batch-size", "10", "--micro-batches", "4"]),
+                                          ("pipeline_parallel.py", ["--schedule", "interleaved", "--micro-batches", "3"])])
 def test_the_model_parallel_programs_refuse_a_layout_that_does_not_divide(script: str, args: list[str]) -> None:
     result = run_script(ROOT / "solutions" / script, *args, timeout=60)
     assert result.returncode == 2 and "must divide by" in result.stderr and "Traceback" not in result.stderr, result.output

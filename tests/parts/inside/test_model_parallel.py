@@ -1,6 +1,8 @@
 """Model parallelism (notebook 22): the pipeline traced by the checker for real (the solution's,
-and the exercise's TODOs falling back on it), each stage's passes read from the trace; the idle
-share's arithmetic on made-up passes, the formula, the ideal schedules, and the figures."""
+and the exercise's TODOs falling back on it), each stage's passes read from the trace; the
+interleaved order's bubble counted from its trace; the learner's bubble_fraction read as the
+notebook's prediction; the idle share's arithmetic on made-up passes, the formula, the ideal
+schedules, and the figures."""
 from __future__ import annotations
 
 from typing import Any
@@ -50,9 +52,10 @@ def test_1f1b_traced_holds_at_most_s_minus_r_micro_batches_and_the_table_says_so
     assert len(steps) == 1  # the least idle of the 2 tries
     _assert_a_pipeline(steps[0], "1f1b")
     assert steps[0].held == {0: 2, 1: 1}
-    text = mp.table({"1f1b": steps})
+    text = mp.table({"1f1b": steps}, predict=lambda stages, m, chunks=1: 0.25)
     assert text.splitlines()[1].startswith("1f1b") and text.splitlines()[1].endswith("2 1")
-    assert "20.0%" in text  # (S-1)/(M+S-1) with S = 2, M = 4
+    assert "predicted" in text.splitlines()[0] and "25.0%" in text.splitlines()[1]  # the prediction given
+    assert " - " in mp.table({"1f1b": steps})  # none given: no number in its place
 
 
 def test_a_batch_that_does_not_divide_is_refused_before_any_launch() -> None:
@@ -99,7 +102,32 @@ def test_the_figures_draw_every_pass_and_rank() -> None:
     assert [len(ax.patches) for ax in fig.axes] == [36, 36]  # 3 stages x 6 micro-batches x 2 passes
     assert {t.get_text() for t in fig.axes[0].texts} >= {"F0", "B5"}
     found = {"gpipe": [mp.ideal_step("gpipe", 2, m) for m in (1, 4)], "1f1b": [mp.ideal_step("1f1b", 2, m) for m in (1, 4)]}
-    assert len(mp.bubbles(found).axes[0].lines) == 3  # each schedule measured, and the formula
+    assert len(mp.bubbles(found, mp.ideal_bubble).axes[0].lines) == 3  # each schedule measured, and the prediction
+    assert len(mp.bubbles(found).axes[0].lines) == 2
     assert [len(ax.patches) for ax in mp.activations(found).axes] == [4, 4]  # 2 stages x 2 Ms each
     assert len(mp.tensor_split(2).axes) == 2
     assert len(mp.f_and_g(2).axes[0].patches) >= 10  # x, f, g, y and three boxes per rank
+
+
+@pytest.mark.launch
+def test_an_interleaved_order_traced_from_the_solution_has_a_smaller_bubble_than_1f1b(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    counted = mp.interleaved_bubbles(2, (2, 4), script=mp.PIPELINE, predict=lambda stages, m, chunks=1: (stages - 1) / (chunks * m + stages - 1))
+    out = capsys.readouterr().out
+    assert "counting solutions/pipeline_parallel.py's instead" in out  # the exercise's TODO falls back
+    assert set(counted) == {2, 4}
+    for m, (mine, plain) in counted.items():  # Megatron's order: (S-1)/(vM+S-1) against (S-1)/(M+S-1)
+        assert mine == pytest.approx(1 / (2 * m + 1)) and plain == pytest.approx(1 / (m + 1))
+    assert f"{1 / 5:12.1%}" in out and f"{1 / 3:11.1%}" in out
+
+
+def test_the_prediction_is_read_from_the_learners_file_once_it_gives_a_share(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert mp.prediction(mp.PIPELINE) is None  # the TODO returns None
+    assert "no prediction yet" in capsys.readouterr().out
+    predict = mp.prediction(mp.PIPELINE_SOLUTION)
+    assert predict is not None and predict(2, 4) == pytest.approx(0.2) and predict(2, 4, 2) == pytest.approx(1 / 9)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def bubble_fraction(stages, micro_batches, chunks=1):\n    return 1 / 0\n")
+    assert mp.prediction(str(broken)) is None
+    assert "ZeroDivisionError" in capsys.readouterr().out

@@ -431,6 +431,9 @@ EXERCISE_MISTAKES += [
     Mistake("input_pipeline_drops_last", "input_pipeline", (  # the short last batch of each epoch dropped
         (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=sampler, drop_last=True")),),
             "the last batch of each epoch (16 images, the rest of the rank's 256) never reached the model"),
+    Mistake("input_pipeline_one_pass", "input_pipeline", (  # an iterator: gone through in the first epoch, empty after
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("return DataLoader(", "return iter(DataLoader(").replace(")\n", "))\n")),),
+            "could be gone through once only"),
     Mistake("input_pipeline_own_sampler", "input_pipeline", (  # a sampler of its own: another order, never set_epoch
         (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=DistributedSampler(memory, seed=1)")),),
             "in another order than the handed-out one"),

@@ -114,6 +114,10 @@ def _batches_problem(run: Run, rank: int, images: list[int]) -> str | None:
     if steps == expected - 2 and images == [b for b in PIPELINE_BATCHES if b == PIPELINE_EPOCH[0]]:
         return (f"the {run.name}: rank {rank} took {steps} optimizer steps in 2 epochs, not {expected}: the last batch "
                 f"of each epoch ({PIPELINE_EPOCH[-1]} images, the rest of the rank's 256) never reached the model")
+    if images == PIPELINE_EPOCH:
+        return (f"the {run.name}: rank {rank} took the {len(PIPELINE_EPOCH)} batches of the first epoch and none in "
+                "the second: what fast_loader returned could be gone through once only (an iterator or a generator), "
+                "and the training loop goes through it once an epoch")
     if steps != expected:
         return (f"the {run.name}: rank {rank} took {steps} optimizer steps in 2 epochs, not {expected} (256 images "
                 f"an epoch, {PIPELINE_EPOCH[0]} a batch, the last one {PIPELINE_EPOCH[-1]})")

@@ -234,3 +234,16 @@ def test_the_profile_shows_each_batchs_requests_and_the_wait_for_them(tmp_path: 
     assert wait.seconds > 0.8 * trace.seconds
     assert pipeline.check_reading(trace, 40, wait.seconds / trace.seconds)
     assert not pipeline.check_reading(trace, 20, wait.seconds / trace.seconds)
+
+
+def test_a_file_that_is_no_profile_is_refused_in_a_line(tmp_path: Path) -> None:
+    """The notebook's reading of a trace: a file that is not torch.profiler's JSON, or a trace
+    with no profiled step, gives a one-line error that says which, never a traceback of json's."""
+    from autograde.parts.scaling import notebook_pipeline as pipeline
+
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "empty.json").write_text('{"traceEvents": [{"ph": "X", "name": "x", "dur": 1}]}')
+    with pytest.raises(ValueError, match="is not a trace torch.profiler wrote"):
+        pipeline.read_trace(tmp_path / "text.json")
+    with pytest.raises(ValueError, match="holds no profiled step"):
+        pipeline.read_trace(tmp_path / "empty.json")

@@ -210,7 +210,7 @@ def check_input_pipeline(ws: Workspace) -> str:
                  if yours.before_first_step > yours.seconds / 2 else
                  f"most of your time went between optimizer steps, waiting for the next batch "
                  f"({yours.before_first_step:.2f} s before the first)")
-        how = ("no faster than the handed-out one: what you changed is not what its time goes into"
+        how = ("no faster than the handed-out one: what its time goes into is all still there"
                if ratio < PIPELINE_NO_FASTER else
                "faster than the handed-out one, but not enough: a batch still waits for something your change "
                "left as it was")

@@ -19,9 +19,11 @@ Check it: python -m autograde check --step input_pipeline
 """
 import argparse
 import datetime
+import fcntl
 import os
 import socket
 import struct
+import tempfile
 import time
 import zlib
 
@@ -36,7 +38,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 REQUEST_SECONDS = 0.0015    # every request to the share waits this long, whatever it asks for
 BYTES_PER_SECOND = 100e6    # and this long again for every byte it returns
 SIDE = 28                   # each image is SIDE x SIDE pixels, one byte each on the share
-SHARE = mp.Lock()           # the share answers one request at a time, from any process or thread
 
 
 class SlowDisk:
@@ -44,9 +45,12 @@ class SlowDisk:
     is a header (the number of images, then where each image's record starts, and where the last
     ends: little-endian uint32s) followed by the records; a record is the label (one byte) and
     the image's pixels (bytes, compressed with zlib). `read(start, stop)` returns the file's
-    bytes start:stop as one request. The file is the same on every read."""
+    bytes start:stop as one request. The file is the same on every read. The share answers one
+    request at a time, whichever process or thread asks: a request waits its turn on `queue`, a
+    file every SlowDisk of a run is given, locked while a request is answered."""
 
-    def __init__(self, size, seed):
+    def __init__(self, size, seed, queue):
+        self.queue = queue
         generator = torch.Generator().manual_seed(seed)
         pixels = torch.randint(0, 256, (size, SIDE, SIDE), generator=generator, dtype=torch.uint8)
         records = [bytes([int(image[SIDE // 2, :10].argmax())]) + zlib.compress(image.numpy().tobytes())
@@ -60,7 +64,8 @@ class SlowDisk:
     def read(self, start, stop):
         if not 0 <= start <= stop <= len(self._file):
             raise ValueError(f"bytes {start}:{stop} are not in the file of {len(self._file)} bytes")
-        with SHARE:  # one request at a time: the others wait their turn here
+        with open(self.queue, "rb") as turn:
+            fcntl.flock(turn, fcntl.LOCK_EX)  # one request at a time: the others wait here (closing unlocks)
             time.sleep(REQUEST_SECONDS + (stop - start) / BYTES_PER_SECOND)
             return self._file[start:stop]
 
@@ -119,7 +124,7 @@ def worker(rank, args):
     torch.manual_seed(args.seed)  # the same initial weights on every rank, and for both pipelines
     model = nn.parallel.DistributedDataParallel(make_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    disk = SlowDisk(args.images, args.seed)
+    disk = SlowDisk(args.images, args.seed, args.queue)
     sampler = DistributedSampler(range(args.images), num_replicas=args.world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
     # --profile: rank 0's steps 3 to 5 under torch.profiler, Python's calls included (with_stack)
@@ -186,9 +191,10 @@ def main():
     with socket.socket() as s:  # a free port for the process group
         s.bind(("localhost", 0))
         os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(s.getsockname()[1]))
-    # fork: each process starts as a copy of this one, torch already imported (and SHARE, the one
-    # lock of the share, with it), and so do the worker processes or threads a pipeline starts in it
-    mp.start_processes(worker, args=(args,), nprocs=args.world_size, start_method="fork")
+    # fork: each process starts as a copy of this one, torch already imported
+    with tempfile.NamedTemporaryFile(prefix="share-queue-") as queue:  # the share's queue, for this run
+        args.queue = queue.name
+        mp.start_processes(worker, args=(args,), nprocs=args.world_size, start_method="fork")
 
 
 if __name__ == "__main__":

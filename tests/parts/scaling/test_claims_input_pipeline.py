@@ -84,9 +84,9 @@ def _start_method(rank: int, out: str) -> None:
 @pytest.mark.launch
 @pytest.mark.parametrize("how", ["spawn", "fork"])
 def test_processes_started_by_spawn_start_their_loaders_workers_by_spawn_too(how: str, tmp_path: Path) -> None:
-    """The exercise's comment: with fork "so do the worker processes ... a pipeline starts in it":
-    under mp.spawn a process's own processes are spawned too (its default start method is
-    spawn), under start_processes with fork they are forked."""
+    """The exercise's comment: under start_processes with fork "each process starts as a copy of
+    this one, torch already imported"; under mp.spawn it would start a fresh Python (the start
+    method it sees as its own is spawn)."""
     if how == "spawn":
         mp.spawn(_start_method, args=(str(tmp_path),), nprocs=1)
     else:
@@ -149,31 +149,35 @@ def _read_from_threads(disk: Any, requests: int) -> None:
         t.join()
 
 
-def _read_in_a_process(rank: int, exercise: Any, disk: Any) -> None:
+def _read_in_a_process(rank: int, disk: Any) -> None:
     _read_from_threads(disk, 4)
 
 
 @pytest.mark.launch
-def test_the_share_answers_one_request_at_a_time_for_every_thread_and_forked_process() -> None:
+def test_the_share_answers_one_request_at_a_time_for_every_thread_and_forked_process(tmp_path: Path) -> None:
     """SlowDisk's docstring and hint 2: every request waits REQUEST_SECONDS, one at a time, for
-    every process and thread (SHARE, made before the fork): 8 threads take at least 8 waits, and
-    2 forked processes of 4 threads each take at least 8 too, not the 1 or 2 of requests that overlap."""
+    every process and thread of the run (each waits its turn on the share's queue, a locked file):
+    8 threads take at least 8 waits, and 2 forked processes of 4 threads each take at least 8 too,
+    not the 1 or 2 of requests that overlap."""
     exercise = _exercise()
-    disk = exercise.SlowDisk(16, 5)
+    queue = tmp_path / "queue"
+    queue.touch()
+    disk = exercise.SlowDisk(16, 5, str(queue))
     wait = exercise.REQUEST_SECONDS
     started = time.perf_counter()
     _read_from_threads(disk, 8)
     assert time.perf_counter() - started >= 8 * wait
     started = time.perf_counter()
-    mp.start_processes(_read_in_a_process, args=(exercise, disk), nprocs=2, start_method="fork")
+    mp.start_processes(_read_in_a_process, args=(disk,), nprocs=2, start_method="fork")
     assert time.perf_counter() - started >= 8 * wait
 
 
-def test_the_whole_file_is_about_400_kb_and_one_request_for_it_costs_a_few_milliseconds() -> None:
+def test_the_whole_file_is_about_400_kb_and_one_request_for_it_costs_a_few_milliseconds(tmp_path: Path) -> None:
     """Hint 2: "the file is about 400 KB: one request for all of it costs a few milliseconds", with
     the script's defaults (512 images, seed 5)."""
     exercise = _exercise()
-    disk = exercise.SlowDisk(512, 5)
+    (tmp_path / "queue").touch()
+    disk = exercise.SlowDisk(512, 5, str(tmp_path / "queue"))
     (size,) = struct.unpack("<I", disk.read(0, 4))
     end = struct.unpack("<I", disk.read(4 * (size + 1), 4 * (size + 2)))[0]
     assert size == 512 and 350_000 <= end <= 450_000, end
@@ -184,12 +188,13 @@ def test_the_whole_file_is_about_400_kb_and_one_request_for_it_costs_a_few_milli
     assert time.perf_counter() - started >= cost
 
 
-def test_the_handed_out_images_ask_for_the_header_before_every_record() -> None:
+def test_the_handed_out_images_ask_for_the_header_before_every_record(tmp_path: Path) -> None:
     """Hint 2 and the trace's 40 requests a batch of 20: Images makes two requests an image, the
     same header each time, then the image's record; decoded, the record is the image as floats in
     [0, 1] (k / 255) and its label."""
     exercise = _exercise()
-    disk = exercise.SlowDisk(64, 5)
+    (tmp_path / "queue").touch()
+    disk = exercise.SlowDisk(64, 5, str(tmp_path / "queue"))
     images = exercise.Images(disk)
     asked: list[tuple[int, int]] = []
     read = disk.read
@@ -220,7 +225,7 @@ def test_an_epoch_of_a_rank_is_twelve_batches_of_20_then_one_of_16() -> None:
 def test_the_profile_shows_each_batchs_requests_and_the_wait_for_them(tmp_path: Path) -> None:
     """The notebook's profile of the handed-out pipeline (--profile: with_stack=True records
     Python's calls): 40 calls of SlowDisk.read a step, for a batch of 20, each split between the
-    sleep of the request and the wait for the share's lock, and most of a step waiting for the batch."""
+    sleep of the request and the wait for its turn on the share's queue (flock), and most of a step waiting for the batch."""
     from autograde.parts.scaling import notebook_pipeline as pipeline
 
     launched = subprocess.run([sys.executable, str(ROOT / "exercises" / "input_pipeline.py"), "--slow", "--images", "240",
@@ -228,7 +233,7 @@ def test_the_profile_shows_each_batchs_requests_and_the_wait_for_them(tmp_path: 
     assert launched.returncode == 0, launched.stderr[-2000:]
     trace = pipeline.read_trace(tmp_path / "slow-rank0.json")
     assert trace.steps == 3
-    reads, sleep, lock, wait = (trace.row(e) for e in ("): read", "function sleep>", "SemLock object", pipeline.WAIT))
+    reads, sleep, lock, wait = (trace.row(e) for e in ("): read", "function sleep>", "function flock>", pipeline.WAIT))
     assert reads and sleep and lock and wait, [r.name for r in trace.rows]
     assert reads.calls == sleep.calls == lock.calls == 40 * trace.steps
     assert wait.seconds > 0.8 * trace.seconds

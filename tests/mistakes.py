@@ -432,29 +432,48 @@ EXERCISE_MISTAKES = [
     Mistake("hang_early_stop_shared_only_to_stop", "hang_early_stop", (  # a collective that only rank 0 makes, once
         (HANG_BROADCAST, "    if stop.item():\n    " + HANG_BROADCAST),), "deadlocked (nothing happened for"),
 ]
-# input_pipeline.py (notebook 18): a pipeline no faster than the handed-out one, or one that trains on other data
-PIPELINE_LOADER = ("    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=4, "
-                   "persistent_workers=True)\n")
-PIPELINE_PRELOAD = ("    images, labels = map(torch.cat, zip(*DataLoader(dataset, batch_size=64, num_workers=8)))\n"
-                    "    memory = torch.utils.data.TensorDataset(images, labels)\n")
+# input_pipeline.py (notebook 18): a pipeline that fixes one cause of the slowness or none, or trains on other
+# batches: fewer, in another order, or other images
+PIPELINE_READ = """\
+    (size,) = struct.unpack("<I", disk.read(0, 4))
+    data = disk.read(0, struct.unpack_from("<I", disk.read(4 * (size + 1), 4 * (size + 2)))[0])
+    starts = struct.unpack_from(f"<{size + 1}I", data, 4)
+    images, labels = zip(*(decode(data[starts[i]:starts[i + 1]]) for i in range(size)))
+    memory = torch.utils.data.TensorDataset(torch.stack(images), torch.tensor(labels))
+    return DataLoader(memory, batch_size=batch_size, sampler=sampler)
+"""
+PIPELINE_LOADER = "    return DataLoader(memory, batch_size=batch_size, sampler=sampler)\n"
+PIPELINE_HEADER_ONCE = """\
+    class Located(Images):  # the header read once: each image's record is one request
+        def __init__(self, disk):
+            super().__init__(disk)
+            self.starts = struct.unpack_from(f"<{self.size + 1}I", disk.read(4, 4 * (self.size + 2)))
+
+        def __getitem__(self, index):
+            return decode(self.disk.read(self.starts[index], self.starts[index + 1]))
+
+    return DataLoader(Located(disk), batch_size=batch_size, sampler=sampler, num_workers=4, persistent_workers=True)
+"""
 EXERCISE_MISTAKES += [
-    Mistake("input_pipeline_one_worker", "input_pipeline", (  # a worker, but the reads still one after the other
-        (PIPELINE_LOADER, PIPELINE_LOADER.replace("num_workers=4", "num_workers=1")),),
-            "most of it between optimizer steps"),
-    Mistake("input_pipeline_preload_one_at_a_time", "input_pipeline", (  # workers, but the disk read in the rank itself
-        (PIPELINE_LOADER, "    images, labels = zip(*(dataset[i] for i in range(len(dataset))))\n"
-                          "    memory = torch.utils.data.TensorDataset(torch.stack(images), torch.tensor(labels))\n"
-                          + PIPELINE_LOADER.replace("(dataset,", "(memory,")),),
-            "before the first optimizer step: reading the data set"),
-    Mistake("input_pipeline_half_the_batches", "input_pipeline", (  # faster by training on less
-        (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=list(sampler)[::2]")),),
-            "took 16 optimizer steps in 2 epochs, not 32"),
+    Mistake("input_pipeline_more_workers", "input_pipeline", (  # the usual recipe: the share still queues every read
+        (PIPELINE_READ, "    return DataLoader(Images(disk), batch_size=batch_size, sampler=sampler, num_workers=4, "
+                        "persistent_workers=True)\n"),),
+            "no faster than the handed-out one"),
+    Mistake("input_pipeline_header_once", "input_pipeline", (  # one cause fixed, one request per image left
+        (PIPELINE_READ, PIPELINE_HEADER_ONCE),),
+            "but not enough: a batch still waits for something your change left as it was"),
+    Mistake("input_pipeline_drops_last", "input_pipeline", (  # the short last batch of each epoch dropped
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=sampler, drop_last=True")),),
+            "the last batch of each epoch (16 images, the rest of the rank's 256) never reached the model"),
+    Mistake("input_pipeline_one_pass", "input_pipeline", (  # an iterator: gone through in the first epoch, empty after
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("return DataLoader(", "return iter(DataLoader(").replace(")\n", "))\n")),),
+            "could be gone through once only"),
     Mistake("input_pipeline_own_sampler", "input_pipeline", (  # a sampler of its own: another order, never set_epoch
-        (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=DistributedSampler(dataset, seed=1)")),),
+        (PIPELINE_LOADER, PIPELINE_LOADER.replace("sampler=sampler", "sampler=DistributedSampler(memory, seed=1)")),),
             "in another order than the handed-out one"),
-    Mistake("input_pipeline_normalised", "input_pipeline", (  # preloaded, and normalised on the way: other data
-        (PIPELINE_LOADER, PIPELINE_PRELOAD + "    memory.tensors = ((images - images.mean()) / images.std(), labels)\n"
-                          "    return DataLoader(memory, batch_size=batch_size, sampler=sampler)\n"),),
+    Mistake("input_pipeline_normalised", "input_pipeline", (  # normalised on the way: other images
+        (PIPELINE_LOADER, "    memory.tensors = ((memory.tensors[0] - 0.5) / 0.29, memory.tensors[1])\n"
+                          + PIPELINE_LOADER),),
             "the same images in the same order, but the model ended with other weights"),
 ]
 # slurm_env.py (notebook 16): SLURM's variables mapped to PyTorch's

@@ -6,7 +6,7 @@ with what the definitions give. `lr_scaling` runs the learner's script under tor
 the learning rate of every optimizer step from the trace, never from the code. `speedup` times
 the learner's script on 1 and 2 GPUs (autograde/parts/scaling/checks_speed.py); it needs 2 GPUs.
 `input_pipeline` times the learner's exercise against its handed-out pipeline (`--slow`), on
-any machine, and compares the weights both end with.
+any machine (checks_timed.py), and compares the batches and the weights both end with.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Part scaling's timed checks: the finished script's speedup on 2 GPUs, and an input pipeline that
-keeps up with training on the CPU. Each times runs against each other, in pairs made in
+keeps up with training on the CPU, found in its own trace. Each times runs against each other, in pairs made in
 alternating order (checks_speed.py), so that a machine that slows down favours neither."""
 from __future__ import annotations
 
@@ -81,11 +81,14 @@ def check_speedup(ws: Workspace) -> str | None:
 
 # input_pipeline: a data pipeline that keeps up, on the CPU ---------------------------------
 
-PIPELINE_ARGV = ["--world-size", "2", "--images", "512", "--batch-size", "16", "--epochs", "2", "--seed", "5"]
-PIPELINE_STEPS = 2 * 512 // (2 * 16)  # optimizer steps per rank: 2 epochs of 256 images, 16 a batch
-PIPELINE_BATCH = 16
+PIPELINE_ARGV = ["--world-size", "2", "--images", "512", "--batch-size", "20", "--epochs", "2", "--seed", "5"]
+PIPELINE_EPOCH = [20] * 12 + [16]  # a rank's batches an epoch: its 256 images, 20 a batch, the last one short
+PIPELINE_BATCHES = PIPELINE_EPOCH * 2  # the images of each optimizer step of a rank, 2 epochs
 PIPELINE_PAIRS = 3
-PIPELINE_TARGET = 1.5  # the handed-out pipeline's time over yours; 4 loader workers give about 3 here
+# The handed-out pipeline's time over yours. Its time is nearly all waiting for the share, which a
+# loaded machine does not lengthen; fixing one of its two causes gives less than 2, both about 7 here.
+PIPELINE_TARGET = 2.5
+PIPELINE_NO_FASTER = 1.25  # below this, "no faster": the change did not touch what the time goes into
 PIPELINE_TOLERANCE = 1e-4  # relative, on each parameter's norm: the same batches in another float order pass
 
 
@@ -102,14 +105,36 @@ class PipelineRun:
     norms: list[float]
 
 
+def _batches_problem(run: Run, rank: int, images: list[int]) -> str | None:
+    """How a rank's batches (the images of each optimizer step) differ from the handed-out
+    pipeline's, in words; None when they do not."""
+    if images == PIPELINE_BATCHES:
+        return None
+    steps, expected = len(images), len(PIPELINE_BATCHES)
+    if steps == expected - 2 and images == [b for b in PIPELINE_BATCHES if b == PIPELINE_EPOCH[0]]:
+        return (f"the {run.name}: rank {rank} took {steps} optimizer steps in 2 epochs, not {expected}: the last batch "
+                f"of each epoch ({PIPELINE_EPOCH[-1]} images, the rest of the rank's 256) never reached the model")
+    if images == PIPELINE_EPOCH:
+        return (f"the {run.name}: rank {rank} took the {len(PIPELINE_EPOCH)} batches of the first epoch and none in "
+                "the second: what fast_loader returned could be gone through once only (an iterator or a generator), "
+                "and the training loop goes through it once an epoch")
+    if steps != expected:
+        return (f"the {run.name}: rank {rank} took {steps} optimizer steps in 2 epochs, not {expected} (256 images "
+                f"an epoch, {PIPELINE_EPOCH[0]} a batch, the last one {PIPELINE_EPOCH[-1]})")
+    k = next(k for k, (a, b) in enumerate(zip(images, PIPELINE_BATCHES)) if a != b)
+    return (f"the {run.name}: rank {rank} gave the model {images[k]} images in its step {k + 1}, not the "
+            f"{PIPELINE_BATCHES[k]} the handed-out pipeline gives")
+
+
 def _pipeline_run(ws: Workspace, slow: bool, index: int) -> PipelineRun:
     """One traced run, the handed-out pipeline (`--slow`) or the learner's, verified: 2 ranks,
-    each PIPELINE_STEPS steps of a full batch, the same parameters at the end on both."""
+    each the handed-out pipeline's batches (26 steps, the last of each epoch short), the same
+    parameters at the end on both."""
     which = "the handed-out pipeline (--slow)" if slow else "your pipeline"
     run = ws.launched(PIPELINE_RUNS, f"{'slow' if slow else 'yours'}-{index}", f"run with {which}, pair {index + 1}",
                       [*PIPELINE_ARGV, *(["--slow"] if slow else [])], env={TRACE_STEPS: "1"})
-    hint = ("keep --slow as handed out (slow_loader, SlowDisk and the training loop): it is what yours is timed "
-            "against" if slow else "fast_loader must give the training loop the batches slow_loader gives")
+    hint = ("keep --slow as handed out (SlowDisk, decode, Images, slow_loader and the training loop): it is what "
+            "yours is timed against" if slow else "fast_loader must give the training loop the batches slow_loader gives")
     run_ok(run, hint)
     ranks = run.ranks()
     require(len(ranks) == 2, f"the {run.name}: {len(ranks)} of 2 processes joined the process group", hint)
@@ -117,13 +142,9 @@ def _pipeline_run(ws: Workspace, slow: bool, index: int) -> PipelineRun:
     for rank, trace in sorted(ranks.items()):
         steps, samplers = trace.named("step"), trace.named("sampler")
         require(samplers, f"the {run.name}: rank {rank} made no DistributedSampler", hint)
-        require(len(steps) == PIPELINE_STEPS, f"the {run.name}: rank {rank} took {len(steps)} optimizer steps in "
-                f"2 epochs, not {PIPELINE_STEPS} (256 images an epoch, 16 a batch)",
-                "every image of the rank's share must reach the model once an epoch, in batches of 16")
-        short = [e for e in steps if e["images"] != PIPELINE_BATCH]
-        require(not short, f"the {run.name}: rank {rank} gave the model {short[0]['images'] if short else 0} images "
-                f"in its step {short[0]['n'] if short else 0}, not the batch of {PIPELINE_BATCH}",
-                "give the model the batches slow_loader gives: 16 images each")
+        problem = _batches_problem(run, rank, [int(e["images"]) for e in steps])
+        require(problem is None, str(problem), "every image of the rank's share must reach the model once an epoch, "
+                "in the batches slow_loader makes, the last short one included")
         start = samplers[0]["t"]
         seconds = max(seconds, steps[-1]["t"] - start)
         before = max(before, steps[0]["t"] - start)
@@ -152,20 +173,20 @@ def _same_training(slow: PipelineRun, yours: PipelineRun) -> None:
                      "set_epoch on that one), as slow_loader does")
     raise Failed(f"your pipeline went through the same images in the same order, but the model ended with other weights "
                  f"than with the handed-out pipeline (a parameter's norm differs by {far:.1%}): the images or labels "
-                 "it gave the model were not the ones the disk holds",
-                 "give the model the images and labels exactly as dataset[i] returns them: no other scaling, no "
-                 "other type, no augmentation")
+                 "it gave the model were not the ones decode makes of the share's records",
+                 "give the model each image and label exactly as decode returns them: no other scaling, no other "
+                 "type, no augmentation, each label with its own image")
 
 
 def check_input_pipeline(ws: Workspace) -> str:
-    """The learner's script launched with 2 processes, 2 epochs of 512 images read from a slow
-    disk (a stand-in: every read of an image waits 4 ms): 3 pairs of runs, the handed-out pipeline
-    (--slow) and the learner's in alternating order, every step traced. Each run did all the work
-    (2 ranks, 32 optimizer steps each of a full batch of 16), and the learner's ended with the
-    same weights as the handed-out one's (each parameter's norm within 1e-4, relative: the same
-    images in the same order; skipping data or changing it fails). Its time, the slowest rank's
-    from making its sampler to its last optimizer step: the median of the pairs' ratios (slow
-    over yours) is at least 1.5."""
+    """The learner's script launched with 2 processes, 2 epochs of 512 images on a slow share (a
+    stand-in: every request waits 1.5 ms, one request at a time): 3 pairs of runs, the handed-out
+    pipeline (--slow) and the learner's in alternating order, every step traced. Each run did all
+    the work (2 ranks, each the handed-out pipeline's 26 batches: 12 of 20 images and one of 16 an
+    epoch), and the learner's ended with the same weights as the handed-out one's (each
+    parameter's norm within 1e-4, relative: the same images in the same order; skipping data,
+    reordering it or changing it fails). Its time, the slowest rank's from making its sampler to
+    its last optimizer step: the median of the pairs' ratios (slow over yours) is at least 2.5."""
     pairs: list[tuple[PipelineRun, PipelineRun]] = []
     for i in range(PIPELINE_PAIRS):  # judged pair by pair: a pipeline that trains differently fails at once
         if i % 2 == 0:  # alternating order: a machine that slows down meanwhile favours neither
@@ -185,14 +206,18 @@ def check_input_pipeline(ws: Workspace) -> str:
                 f"slowest rank, from making its sampler to its last step; median of {len(pairs)} pairs run in "
                 f"alternating order, ratios {shown})")
     if ratio < PIPELINE_TARGET:
-        where = (f"most of it ({yours.before_first_step:.2f} s) before the first optimizer step: reading the data set "
-                 "up front costs what the epochs' reads cost, unless the reads overlap"
+        where = (f"most of your time ({yours.before_first_step:.2f} s) went before the first optimizer step"
                  if yours.before_first_step > yours.seconds / 2 else
-                 f"most of it between optimizer steps, waiting for the next batch ({yours.before_first_step:.2f} s "
-                 "before the first)")
-        raise Failed(f"your pipeline trained the 2 epochs only {ratio:.2f}x as fast as the handed-out one, "
+                 f"most of your time went between optimizer steps, waiting for the next batch "
+                 f"({yours.before_first_step:.2f} s before the first)")
+        how = ("no faster than the handed-out one: what its time goes into is all still there"
+               if ratio < PIPELINE_NO_FASTER else
+               "faster than the handed-out one, but not enough: a batch still waits for something your change "
+               "left as it was")
+        raise Failed(f"your pipeline trained the 2 epochs {ratio:.2f}x as fast as the handed-out one, {how}; "
                      f"{measured}; {where}; the target is {PIPELINE_TARGET}x",
-                     "the time goes into waiting for the disk, one image after the other: have several reads "
-                     "waiting at once, while the model trains")
-    return (f"your pipeline trained the 2 epochs {ratio:.2f}x as fast as the handed-out one, with the same "
-            f"{PIPELINE_STEPS} steps a rank and the same weights: {measured}")
+                     "profile a run of yours (--profile) as you did the handed-out one, and count what each batch "
+                     "still waits for: the requests to the share, and what each one waits behind")
+    return (f"your pipeline trained the 2 epochs {ratio:.2f}x as fast as the handed-out one (the target is "
+            f"{PIPELINE_TARGET}x), with the same {len(PIPELINE_BATCHES)} batches a rank and the same weights: "
+            f"{measured}")

@@ -9,7 +9,7 @@ LARGE_BATCH = "large_batch_training.py"
 ITEMS = [
     exercise("scaling", "speedup, efficiency and a fitted T(N)", 2, PART_ID, "17_scaling_study", "scaling_model.py",
              (checks.SCALING_RUNS,), checks.check_scaling),
-    exercise("input_pipeline", "an input pipeline that keeps up with training", 2, PART_ID, "18_where_time_goes",
+    exercise("input_pipeline", "the bottleneck of an input pipeline, found and removed", 2, PART_ID, "18_where_time_goes",
              "input_pipeline.py", (checks_timed.PIPELINE_RUNS,), checks_timed.check_input_pipeline),
     # nbgrader has no "not applicable": a GPU-only item graded on a CPU would give a free point or a
     # zero. It is judged (n/a without 2 GPUs) and reported, but worth no points, like the Optional step.

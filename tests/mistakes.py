@@ -303,7 +303,9 @@ EXERCISE_MISTAKES = [
         ("        optimizer.step()\n        num_images += len(labels)\n",
          "        optimizer.step()\n        for group in optimizer.param_groups:\n"
          "            group[\"lr\"] = lr_at(step)\n        num_images += len(labels)\n")),
-            "optimizer step 0 used the rate 0.01, while large_batch_lr(0, 16, 2) says 0.02"),
+            "optimizer step 0 used the rate 0.01, while large_batch_lr(0, 16, 2) says 0.02",
+            # every rate a step late: this run ends at 0.789, the solution's at 0.883
+            also_fails=(("large_batch", "below 0.8 within 4 epochs"),)),
     # ddp_by_hand.py
     Mistake("naive_not_divided", "naive_ddp", (("                parameter.grad /= world_size\n", ""),),
             "from one process trained on the whole batch"),

@@ -207,11 +207,11 @@ def show(timings: list[Timing]) -> None:
 # Large batches ------------------------------------------------------------------------------
 
 # The stand-in and the budget of notebook 19's check (checks_batches.py), and the experiment's runs:
-# the reference, a global batch 4 times larger at rates 1, 2, 4 and 8 times the reference's, and 8
-# times larger at 8 times its rate from the first step.
+# the reference, then a global batch 4 times larger at rates 1, 2, 4, 8 and 16 times the reference's,
+# each from the first step. Measured (seed 0, 4 epochs; accuracy after the last): 0.68 at 0.02, 0.91
+# at 0.08, 0.78 at 0.16; at 0.32 it reached 0.75 after epoch 3 and fell back to 0.51.
 REFERENCE = ("1 process, batch 16, lr 0.02", 1, 16, 0.02)
-EXPERIMENT = [REFERENCE, *((f"2 x 32, lr {r:g}", 2, 32, r) for r in (0.02, 0.04, 0.08, 0.16)),
-              ("2 x 64, lr 0.16", 2, 64, 0.16)]
+EXPERIMENT = [REFERENCE, *((f"2 x 32, lr {r:g}", 2, 32, r) for r in (0.02, 0.04, 0.08, 0.16, 0.32))]
 
 
 def large_batch_data() -> Path:

@@ -7,6 +7,14 @@ the model got right or wrong. `large_batch` judges the outcome: a batch of at le
 no more training than the budget, and a validation accuracy of 0.8 after one of the epochs.
 `lr_scaling` judges that every step of every rank used the rate the learner's own
 `large_batch_lr(step, steps_per_epoch, world_size)` gives (called in a process of its own).
+
+Measured (seed 0, validation accuracy after epochs 1-4, global batch 64): the solution (0.02 rising
+to 0.08 over one epoch) 0.20, 0.28, 0.68, 0.88; the reference's rate unscaled 0.13, 0.20, 0.37,
+0.68; a warm-up that never ends (still rising at the last step) 0.14, 0.21, 0.43, 0.72. With other
+seeds the solution's plan ended at 0.87 and 0.84, the unscaled rate at 0.47 and 0.79. On this
+stand-in a batch 4 times the reference's also trains at the scaled rate with no warm-up (0.91):
+the target separates a scaled rate from an unscaled one, not a warm-up from none. About 13 s on an
+idle 2-core machine (one torchrun of 2 processes, one process for the calls).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The checks of the part "scaling" (notebooks 17-19), one function per graded item.
 
-`scaling` and `warmup` call the learner's plain functions (autograde/inprocess/runner.py
-`calls`, in a process of its own) with the checker's arguments and compare what they return
-with what the definitions give. `lr_scaling` runs the learner's script under torchrun and reads
-the learning rate of every optimizer step from the trace, never from the code. `speedup` times
+`scaling` calls the learner's plain functions (autograde/inprocess/runner.py `calls`, in a
+process of its own) with the checker's arguments and compares what they return with what the
+definitions give. `large_batch` and `lr_scaling` (notebook 19) train the learner's plan for real
+(autograde/parts/scaling/checks_batches.py). `speedup` times
 the learner's script on 1 and 2 GPUs (autograde/parts/scaling/checks_speed.py); it needs 2 GPUs.
 `input_pipeline` times the learner's exercise against its handed-out pipeline (`--slow`), on
 any machine (checks_timed.py), and compares the batches and the weights both end with.
@@ -16,16 +16,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autograde.engine.run import Run
-from autograde.engine.verdicts import require, run_ok
+from autograde.engine.verdicts import require
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.protocol import Call, CallsReport, CallsTask, decode
-from autograde.settings import TRACE_STEPS
 
 # The kinds of run these checks read (an item's `runs`, items.py)
 SCALING_RUNS = RunKind("scaling")
-WARMUP_RUNS = RunKind("warmup")
-LR_RUNS = RunKind("lr")
 
 
 
@@ -214,112 +210,3 @@ def check_scaling(ws: Workspace) -> str:
             f"{len(HALF_CASES)} models; for {_show(STUDIES[1])} s: T(N) = {measured[0]:.1f}/N + {measured[1]:.1f} + "
             f"{measured[2]:.2f}(N-1), T({PREDICT_AT}) = {model_time(measured, PREDICT_AT):.1f} s, efficiency below "
             f"one half from N = {half_point(measured)}")
-
-
-# warmup and lr_scaling: the large-batch learning rate --------------------------------------
-
-WARMUP_CASES = [(0.1, n, w) for n in (1, 2, 4, 8) for w in (0, 1, 10)] + [(0.05, 3, 6)]
-AFTER = 4  # steps judged after the warm-up
-
-
-def schedule_problem(rates: list[float], base: float, n: int, warmup: int) -> str | None:
-    """What is wrong with the rates of steps 0, 1, ... (at least warmup + 1 of them) for base rate
-    `base`, n processes and a warm-up of `warmup` steps, or None. Accepted: from step `warmup` on,
-    exactly n x base; before it, a straight line that starts at no more than base (or than
-    n x base / warmup, where that is more: PyTorch's LinearLR starts there) and would reach n x base
-    at step warmup or warmup - 1. The ramps from base, from 0 and from n x base / warmup all pass."""
-    target = base * n
-    for step, rate in enumerate(rates):
-        if step >= warmup and not _close(rate, target, 1e-9):
-            return f"step {step} had {rate:.6g}; after the warm-up the rate is {n} x {base:g} = {target:.6g}"
-    ramp = rates[:warmup]
-    if not ramp:
-        return None
-    start_limit = max(base, target / warmup) * (1 + 1e-9)
-    if not 0 <= ramp[0] <= start_limit:
-        return (f"step 0 had {ramp[0]:.6g}; a warm-up starts low, at {base:g} (or at most "
-                f"{max(base, target / warmup):.6g}), and rises to {target:.6g}")
-    rise = (ramp[-1] - ramp[0]) / (len(ramp) - 1) if len(ramp) > 1 else None
-    if rise is not None:
-        bent = [s for s in range(1, len(ramp)) if not _close(ramp[s] - ramp[s - 1], rise, 1e-6)
-                and abs(ramp[s] - ramp[s - 1] - rise) > 1e-9 * target]
-        if bent:
-            s = bent[0]
-            return (f"the warm-up is not a straight line: steps {s - 1} and {s} had {ramp[s - 1]:.6g} and "
-                    f"{ramp[s]:.6g}, while it rises by {rise:.6g} a step on average")
-        reaches = [ramp[0] + rise * k for k in (warmup, warmup - 1)]
-        if not any(_close(r, target, 1e-6) for r in reaches):
-            return (f"the warm-up goes from {ramp[0]:.6g} (step 0) to {ramp[-1]:.6g} (step {warmup - 1}): "
-                    f"a straight line that does not reach {target:.6g} at step {warmup}")
-    return None
-
-
-def check_warmup(ws: Workspace) -> str:
-    """warmup_lr(step, base_lr, world_size, warmup_steps) at world sizes 1, 2, 3, 4 and 8 with
-    warm-ups of 0, 1, 6 and 10 steps, for every step of the warm-up and 4 after it: from step
-    warmup_steps on, exactly world_size x base_lr (linear scaling); before it, a straight line
-    from at most base_lr up to that rate (see schedule_problem for the ramps accepted)."""
-    calls: list[tuple[str, list[Any]]] = [("warmup_lr", [s, base, n, w]) for base, n, w in WARMUP_CASES
-                                          for s in range(w + AFTER)]
-    found = iter(_calls(ws, WARMUP_RUNS, "calls of warmup_lr", calls))
-    for base, n, w in WARMUP_CASES:
-        rates = []
-        for s in range(w + AFTER):
-            call = next(found)
-            require(call.error is None, f"warmup_lr({s}, {base}, {n}, {w}) raised {call.error}",
-                    "return the rate of the step")
-            rate = _number(call.value)
-            require(rate is not None, f"warmup_lr({s}, {base}, {n}, {w}) returned {call.value!r}, not a number",
-                    "return the rate as a number")
-            assert rate is not None
-            rates.append(rate)
-        problem = schedule_problem(rates, base, n, w)
-        require(problem is None, f"warmup_lr with base_lr={base}, world_size={n}, warmup_steps={w}: {problem}",
-                "the rate rises in a straight line from base_lr to world_size x base_lr over warmup_steps "
-                "steps, then stays there")
-    return ("warmup_lr scales with the world size (1-8 processes) and warms up in a straight line "
-            f"({len(WARMUP_CASES)} settings, {len(calls)} steps)")
-
-
-LR_BASE, LR_EPOCHS = 0.05, 2
-LR_ARGV = ["--widen-factor", "1", "--batch-size", "16", "--epochs", str(LR_EPOCHS), "--target-accuracy", "0",
-           "--patience", "2", "--base-lr", str(LR_BASE), "--scale-lr", "--warmup-epochs", "1"]
-
-
-def _lr_run(ws: Workspace) -> Run:
-    return ws.torchrun(LR_RUNS, "2", "torchrun run with --scale-lr --warmup-epochs 1", [
-        (["--standalone", "--nproc-per-node", "2"], [*LR_ARGV, "--data-dir", str(ws.root / "disk")])],
-        env={TRACE_STEPS: "1"})
-
-
-def check_lr_scaling(ws: Workspace) -> str:
-    """Run under torchrun with 2 processes, `--scale-lr --warmup-epochs 1 --base-lr 0.05` for 2
-    epochs: the learning rate that every optimizer step of every rank used (read from the
-    optimizer when it steps) follows the warm-up to 2 x 0.05 over the first epoch's steps, then
-    stays there (the same rule as `warmup`), and both ranks used the same rates."""
-    run = _lr_run(ws)
-    run_ok(run, "the script must run to the end under torchrun with --scale-lr --warmup-epochs 1")
-    ranks = run.ranks()
-    require(len(ranks) == 2, f"{len(ranks)} of 2 processes joined the process group",
-            "the script must run under torchrun with 2 processes")
-    rates: dict[int, list[float]] = {}
-    for rank, trace in sorted(ranks.items()):
-        steps = trace.named("step")
-        require(steps, f"rank {rank} took no optimizer step", "train with the optimizer")
-        groups = [e["lrs"] for e in steps]
-        require(all(len(set(g)) == 1 for g in groups), f"rank {rank}'s parameter groups had different rates",
-                "set the rate of every parameter group")
-        rates[rank] = [g[0] for g in groups]
-    require(len({tuple(r) for r in rates.values()}) == 1, f"the ranks used different rates: rank 0 "
-            f"{rates[0][:4]}..., rank 1 {rates[1][:4]}...", "every rank must use the same schedule")
-    used = rates[0]
-    require(len(used) % LR_EPOCHS == 0, f"{len(used)} optimizer steps in {LR_EPOCHS} epochs",
-            "take one optimizer step per batch")
-    warmup = len(used) // LR_EPOCHS
-    problem = schedule_problem(used, LR_BASE, 2, warmup)
-    require(problem is None, f"with 2 processes, --base-lr {LR_BASE} and a warm-up of 1 epoch ({warmup} steps), "
-            f"the rates the optimizer used were wrong: {problem} (all: {', '.join(f'{r:.4g}' for r in used)})",
-            "with --scale-lr, set each step's rate from warmup_lr(step, args.base_lr, world size, "
-            "warm-up steps) before optimizer.step()")
-    return (f"the optimizer's rate rose from {used[0]:.4g} to {used[warmup]:.4g} = 2 x {LR_BASE} over the "
-            f"{warmup} steps of epoch 1, then stayed there (both ranks, {len(used)} steps)")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
-from autograde.parts.scaling import checks, checks_timed
+from autograde.parts.scaling import checks, checks_batches, checks_timed
 
 PART_ID = "scaling"
 LARGE_BATCH = "large_batch_training.py"
@@ -15,10 +15,11 @@ ITEMS = [
     # zero. It is judged (n/a without 2 GPUs) and reported, but worth no points, like the Optional step.
     exercise("speedup", "a speedup of 1.6 or more on 2 GPUs", 0, PART_ID, "18_where_time_goes", LARGE_BATCH,
              (checks_timed.SPEED_RUNS,), checks_timed.check_speedup, needs_gpu=True),
-    exercise("warmup", "a warm-up to the linearly scaled learning rate", 2, PART_ID, "19_large_batches", LARGE_BATCH,
-             (checks.WARMUP_RUNS,), checks.check_warmup),
-    exercise("lr_scaling", "the scaled rate in every optimizer step", 2, PART_ID, "19_large_batches", LARGE_BATCH,
-             (checks.LR_RUNS,), checks.check_lr_scaling),
+    exercise("large_batch", "a large-batch plan that reaches the target accuracy in the budget", 2, PART_ID,
+             "19_large_batches", LARGE_BATCH, (checks_batches.LARGE_BATCH_RUNS, checks_batches.SCHEDULE_CALLS),
+             checks_batches.check_large_batch),
+    exercise("lr_scaling", "your schedule's rate in every optimizer step", 2, PART_ID, "19_large_batches", LARGE_BATCH,
+             (checks_batches.LARGE_BATCH_RUNS, checks_batches.SCHEDULE_CALLS), checks_batches.check_lr_scaling),
 ]
 PART = Part(PART_ID, "Scaling: measure it, model it, find where the time goes, train with large batches",
             "1[7-9]_*.ipynb", "1[7-9]_*", ("demos/speed_fixes.py",), tuple(ITEMS))

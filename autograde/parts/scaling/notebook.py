@@ -21,14 +21,14 @@ from autograde.engine.workspace import Workspace
 from autograde.jupyter import runtime
 from autograde.jupyter.figures import RANK_COLOURS, finish, scaling_axes
 from autograde.parts.scaling import checks, checks_timed
+from autograde.parts.scaling import checks_batches as batches
 from autograde.parts.scaling import checks_speed as speed
 
-STUDY_SCRIPT = "exercises/large_batch_training.py"  # your copy: its TODOs only change --scale-lr
+STUDY_SCRIPT = "exercises/large_batch_training.py"  # your copy: its TODOs only change --large-batch
 FINISHED = "solutions/large_batch_training.py"
 GLOBAL_BATCH = 96   # strong scaling on a CPU: divides by 1, 2, 3, 4 and 6 processes
 BUSY_PER_GPU = 128  # strong scaling on GPUs: images per GPU and step with every GPU at work (12-32 leave a GPU idle)
 PER_PROCESS = 32    # weak scaling
-BASE_LR = 0.05      # the large-batch runs' rate for one process
 NEVER = 10_000      # --patience: with --target-accuracy 0, every epoch asked for runs (no early stop)
 
 
@@ -206,26 +206,46 @@ def show(timings: list[Timing]) -> None:
 
 # Large batches ------------------------------------------------------------------------------
 
-def large_batch_runs(script: str, processes: int, epochs: int | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Four logs: 1 process at --base-lr (the reference), then `processes` processes (a global
-    batch that many times larger) with the same rate, the linearly scaled rate, and the scaled
-    rate after a warm-up of one epoch."""
+# The stand-in and the budget of notebook 19's check (checks_batches.py), and the experiment's runs:
+# the reference, then a global batch 4 times larger at rates 1, 2, 4, 8 and 16 times the reference's,
+# each from the first step. Measured (seed 0, 4 epochs; accuracy after the last): 0.68 at 0.02, 0.91
+# at 0.08, 0.78 at 0.16; at 0.32 it reached 0.75 after epoch 3 and fell back to 0.51.
+REFERENCE = ("1 process, batch 16, lr 0.02", 1, 16, 0.02)
+EXPERIMENT = [REFERENCE, *((f"2 x 32, lr {r:g}", 2, 32, r) for r in (0.02, 0.04, 0.08, 0.16, 0.32))]
+
+
+def large_batch_data() -> Path:
+    """The stand-in the check trains on, written once to a temporary folder."""
+    folder = Path(tempfile.gettempdir()) / "ddp-lab-large-batch-data"
+    if not data.has_data(folder):
+        data.write_synthetic(folder, batches.TRAIN_IMAGES, batches.VAL_IMAGES, seed=batches.DATA_SEED)
+    return folder
+
+
+def large_batch_runs(script: str = STUDY_SCRIPT, runs: Sequence[tuple[str, int, int, float]] = tuple(EXPERIMENT),
+                     epochs: int | None = None, options: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """One log per run (name, processes, batch per process, constant rate) of `script` on the check's
+    stand-in, --seed 0, for the check's budget of epochs (1 in quick mode); `options` go to every run."""
     folder = Path(tempfile.mkdtemp(prefix="ddp-lab-large-batch-"))
-    runs = {f"1 process, lr {BASE_LR}": (1, []),
-            f"{processes} processes, lr {BASE_LR} (not scaled)": (processes, []),
-            f"{processes} processes, lr {processes} x {BASE_LR}": (processes, ["--scale-lr"]),
-            f"{processes} processes, lr {processes} x {BASE_LR} after a 1-epoch warm-up":
-                (processes, ["--scale-lr", "--warmup-epochs", "1"])}
     logs = {}
-    for i, (name, (n, options)) in enumerate(runs.items()):
+    for i, (name, n, batch, rate) in enumerate(runs):
         log = folder / f"run-{i}.jsonl"
         print(f"--- {name} ---")
-        cpu, env = run_options()
-        args = runtime.training_args(epochs=epochs or (2 if runtime.QUICK else 6), target_accuracy=0, patience=NEVER,
-                                     base_lr=BASE_LR, **cpu)
-        runtime.torchrun(script, *args, *options, "--log-file", str(log), nproc=n, env=env)
+        args = runtime.training_args(epochs=epochs or (1 if runtime.QUICK else batches.BUDGET), target_accuracy=0,
+                                     patience=NEVER, batch_size=batch, base_lr=rate, widen_factor=1,
+                                     data_dir=str(large_batch_data()))
+        runtime.torchrun(script, *args, "--seed", "0", *options, "--log-file", str(log), nproc=n,
+                         env={"CUDA_VISIBLE_DEVICES": ""})
         logs[name] = read_log(log)
     return logs
+
+
+def my_plan(script: str = STUDY_SCRIPT) -> dict[str, list[dict[str, Any]]]:
+    """Your --large-batch plan as the check trains it (its batch and rates are yours), beside the
+    reference run."""
+    return {**large_batch_runs(script, [REFERENCE]),
+            **large_batch_runs(script, [("your plan (--large-batch, 2 processes)", 2, 16, 0.02)],
+                               options=["--large-batch"])}
 
 
 def measure_here(script: str = STUDY_SCRIPT, pairs: int = 1, steps: int = 8) -> list[speed.Pair]:
@@ -347,12 +367,16 @@ def large_batch(logs: dict[str, list[dict[str, Any]]]) -> Figure:
     return finish(fig)
 
 
-def lr_schedules(rates: dict[str, list[float]], warmup_steps: int) -> Figure:
-    """Learning rate against optimizer step, one line per setting; the warm-up's end dotted."""
+def lr_schedules(rates: dict[str, list[float]], warmup_steps: int | None = None, epoch_steps: int | None = None) -> Figure:
+    """Learning rate against optimizer step, one line per setting; the warm-up's end (or each
+    epoch's) dotted."""
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for name, values in rates.items():
         ax.plot(range(len(values)), values, ".-", label=name)
-    ax.axvline(warmup_steps, linestyle=":", color="black", label=f"end of the warm-up (step {warmup_steps})")
+    if warmup_steps is not None:
+        ax.axvline(warmup_steps, linestyle=":", color="black", label=f"end of the warm-up (step {warmup_steps})")
+    for k, step in enumerate(range(epoch_steps or 0, len(max(rates.values(), key=len)), epoch_steps or 1)):
+        ax.axvline(step, linestyle=":", color="grey", label="end of an epoch" if k == 0 else None)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate")
     ax.set_ylim(bottom=0)

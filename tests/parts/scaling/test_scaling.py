@@ -1,4 +1,4 @@
-"""Scaling (part 4): the speedup measurement, the large-batch schedule rule, the logs the
+"""Scaling (part 4): the speedup measurement, how the large-batch checks read a trace, the logs the
 notebooks read, and demos/speed_fixes.py's counts and traces.
 
 The verdicts of the part's checks on its exercises, their mistakes and other styles are replayed
@@ -18,7 +18,7 @@ from autograde.engine.run import Run
 from autograde.engine.verdicts import Failed
 from autograde.engine.workspace import Workspace
 from autograde.grading import judge
-from autograde.parts.scaling import checks as scaling
+from autograde.parts.scaling import checks_batches as batches
 from autograde.parts.scaling import checks_speed as speed
 from autograde.parts.scaling import checks_timed, notebook
 from autograde.protocol import ProcessTrace
@@ -103,26 +103,22 @@ def test_the_speedup_measurement_times_real_runs_and_rejects_a_rank_that_skips_w
         checks_timed.timed_run(ws, 2, 0, batch=16, widen=1, warmup=2, steps=4)  # the 2-process run of a pair
 
 
-@pytest.mark.parametrize("ramp", ["from base", "from zero", "as LinearLR"])
-def test_the_schedule_rule_accepts_every_straight_warm_up(ramp: str) -> None:
-    base, n, w = 0.1, 4, 8
-    target = base * n
-    start = {"from base": base, "from zero": 0.0, "as LinearLR": target / w}[ramp]
-    end = w - 1 if ramp == "as LinearLR" else w  # LinearLR reaches the target one step early
-    rates = [min(target, start + (target - start) * s / end) for s in range(w + 4)]
-    assert scaling.schedule_problem(rates, base, n, w) is None
+def _validation(per_image: list[list[float]]) -> list[dict]:
+    return [{"ev": "loader_iter", "loader": 7, "validation": True},
+            {"ev": "loader_end", "loader": 7, "samples": len(per_image), "per_image": per_image}]
 
 
-@pytest.mark.parametrize("rates,words", [
-    ([0.1] * 12, "after the warm-up the rate is 4 x 0.1"),
-    ([0.4] * 12, "a warm-up starts low"),
-    ([0.1, 0.2, 0.3, 0.3, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4], "not a straight line"),
-    ([0.1, 0.125, 0.15, 0.175, 0.4, 0.4, 0.4, 0.4], "does not reach"),
-])
-def test_the_schedule_rule_names_what_is_wrong(rates: list[float], words: str) -> None:
-    warmup = 8 if len(rates) == 12 else 4
-    problem = scaling.schedule_problem(rates, 0.1, 4, warmup)
-    assert problem is not None and words in problem, problem
+def test_the_large_batch_accuracy_counts_every_ranks_validation_images_epoch_by_epoch() -> None:
+    """Notebook 19's check reads accuracy from what the model answered, both ranks' shares together."""
+    right, wrong = [0.1, 1.0], [2.3, 0.0]
+    ranks = {0: ProcessTrace(1, [*_validation([right, wrong]), *_validation([right, right])]),
+             1: ProcessTrace(2, [*_validation([wrong, wrong]), *_validation([right, wrong])])}
+    assert batches._accuracies(ranks) == [0.25, 0.75]
+
+
+def test_the_large_batch_verdict_says_when_the_rate_never_stopped_rising() -> None:
+    assert "still rising at the last step" in batches._shape([0.01 * s + 0.01 for s in range(8)])
+    assert "first at step 4 of 8" in batches._shape([0.02, 0.03, 0.04, 0.05, 0.06, 0.06, 0.06, 0.06])
 
 
 def test_the_logs_the_notebooks_read_give_times_per_epoch_and_per_step(tmp_path: Path) -> None:
@@ -139,14 +135,15 @@ def test_the_finished_script_logs_a_json_line_per_epoch(stand_in: Path, tmp_path
     result = again_on_gloo_fault(lambda: processes.run(
         [processes.PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", FINISHED,
          "--data-dir", stand_in, "--widen-factor", "1", "--batch-size", "64", "--epochs", "2",
-         "--target-accuracy", "0", "--scale-lr", "--log-file", log], timeout=180, env={"OMP_NUM_THREADS": "1"}))
+         "--target-accuracy", "0", "--large-batch", "--seed", "0", "--log-file", log], timeout=180,
+        env={"OMP_NUM_THREADS": "1"}))
     assert result.returncode == 0, result.output[-2000:]
     records = notebook.read_log(log)
     assert [r["epoch"] for r in records] == [1, 2]
-    steps = math.ceil(640 / 2 / 64)
+    steps = math.ceil(640 / 2 / 32)  # --large-batch: the solution's LARGE_BATCH of 32 replaces --batch-size
     assert [r["steps"] for r in records] == [steps, 2 * steps]
-    assert all(r["world_size"] == 2 and r["global_batch"] == 128 and r["images"] == 640 for r in records)
-    assert records[-1]["lr"] == pytest.approx(2 * 0.01)  # --scale-lr without a warm-up: 2 x --base-lr
+    assert all(r["world_size"] == 2 and r["global_batch"] == 64 and r["images"] == 640 for r in records)
+    assert records[-1]["lr"] == pytest.approx(0.08)  # the solution's plan after its warm-up: 4 x 0.02
     assert all(r["epoch_time"] > 0 and 0 <= r["val_accuracy"] <= 1 for r in records)
 
 

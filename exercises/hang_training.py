@@ -20,7 +20,7 @@ As it is, it does not: on 2 processes it hangs, or goes wrong, on some ranks; on
 Find where each rank waits and why (notebook 23), write it down, fix it, and run it again: there
 is more than one bug.
 
-Check it: python -m autograde check --step hang_finishes (and hang_validation, hang_same_steps)
+Check it: python -m autograde check --step hang_finishes hang_validation hang_same_steps
 """
 # TODO hang_finishes: on 2 processes, every rank must reach the end of the script.
 # TODO hang_validation: rank 0 must print the loss and accuracy of the whole validation set.

@@ -386,9 +386,9 @@ EXERCISE_MISTAKES += [
         (HANG_SUMS, "    means = sums[:2] / sums[2]\n    dist.all_reduce(means)\n    means /= dist.get_world_size()\n"
                     "    model.train()\n    return means[0].item(), means[1].item()\n"),), "but one process gives"),
     Mistake("hang_skip_decided_per_rank", "hang_same_steps", (  # no hang, but the ranks pair different batches
-        (HANG_VOTE, "        if not torch.isfinite(loss):\n"),), "the ranks did different work for the same step"),
+        (HANG_VOTE, "        if not torch.isfinite(loss):\n"),), "the ranks made 22 optimizer steps each, but one process makes 20"),
     Mistake("hang_skip_min_vote", "hang_same_steps", (  # skips only when every rank's loss is bad: trains on NaN
-        (HANG_VOTE, HANG_VOTE.replace("ReduceOp.MAX", "ReduceOp.MIN")),), "but one process makes 20"),
+        (HANG_VOTE, HANG_VOTE.replace("ReduceOp.MAX", "ReduceOp.MIN")),), "the ranks made 4 optimizer steps each"),
     Mistake("hang_corrupt_samples_left_out", "hang_same_steps", (  # each rank trains on its finite samples: other means
         (HANG_LOSS, "        finite = torch.isfinite(x).all(dim=1)\n"
                     "        loss = F.cross_entropy(model(x[finite]), y[finite])\n"),), "no batch was skipped"),

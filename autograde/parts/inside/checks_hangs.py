@@ -13,9 +13,9 @@ same global batches, the same steps, the same numbers). The three items share th
 - hang_validation: the validation before any training, on 2 processes, equals one process's: the
   exact loss and accuracy over the whole validation set, its uneven shards each counted once. It
   needs only the start of the run.
-- hang_same_steps: every rank made the same optimizer steps, on the same number of samples each,
-  as one process does with the whole global batches (the corrupt batches skipped by every rank
-  alike), and the validation after training equals one process's: the training result unchanged.
+- hang_same_steps: every rank made as many optimizer steps as one process does with the whole
+  global batches (the corrupt batches skipped by every rank alike), and the validation after each
+  epoch equals one process's: the training result unchanged.
 Like the other checks, these read behaviour: any correct fix passes, whatever its calls.
 """
 from __future__ import annotations
@@ -164,44 +164,34 @@ def check_hang_validation(ws: Workspace) -> str:
             f"{_shown(reference[0])}")
 
 
-def _images(trace: ProcessTrace) -> list[int]:
-    """The samples a rank's DDP model was given in training since its previous optimizer step, each step."""
-    return [int(e.get("images") or 0) for e in trace.named("step")]
+def _steps(trace: ProcessTrace) -> int:
+    """The optimizer steps a process made (each traced: DDP_LAB_TRACE_STEPS)."""
+    return len(trace.named("step"))
 
 
 def check_hang_same_steps(ws: Workspace) -> str:
-    """The run on 2 processes ends; every rank made the same optimizer steps, each after the same number
-    of samples as the other ranks, and one process makes the same steps with twice those samples (the
-    same global batches trained, the same skipped, and at least one of the 24 global batches of the
-    script's 2 epochs skipped: the data has corrupt samples); and the validation after each epoch
-    equals one process's: the training result is unchanged."""
+    """The run on 2 processes ends; every rank made as many optimizer steps as one process makes on the
+    same global batches, fewer than the 24 global batches of the script's 2 epochs (the data has
+    corrupt samples, whose batches are skipped); the validation after each epoch equals one process's
+    (the training result is unchanged: the same batches trained, the same skipped); and the ranks end
+    with the same weights. (How many samples each forward pass was given is not compared: a rank may
+    look at a batch it then skips, or not.)"""
     two, one = _runs(ws)
     require_finished(two, "every rank must make the same collectives in the same order, the all-reduces that DDP "
                      "makes inside backward() included")
     reference = _reference(one)
-    ranks = {rank: _images(t) for rank, t in sorted(two.ranks().items())}
-    counts = {rank: len(images) for rank, images in ranks.items()}
+    counts = {rank: _steps(t) for rank, t in sorted(two.ranks().items())}
     require(len(set(counts.values())) == 1, "the ranks made different numbers of optimizer steps ("
             + ", ".join(f"rank {r}: {n}" for r, n in counts.items()) + ")", "every rank must step on the same "
             "global batches, and skip the same ones")
-    alone = _images(one.ranks()[0]) if 0 in one.ranks() else []
-    require(len(alone) < GLOBAL_BATCHES, f"one process made {len(alone)} optimizer steps, one for each of the "
+    alone = _steps(one.ranks()[0]) if 0 in one.ranks() else 0
+    require(alone < GLOBAL_BATCHES, f"one process made {alone} optimizer steps, one for each of the "
             f"{GLOBAL_BATCHES} global batches of its {EPOCHS} epochs: no batch was skipped, but the training data has "
             "corrupt samples", "a batch whose loss is not finite must be skipped, not trained on")
-    for k, per_rank in enumerate(zip(*ranks.values()), start=1):
-        require(len(set(per_rank)) == 1, f"before its {_ordinal(k)} optimizer step, " + ", ".join(
-                f"rank {r} had trained on {n} samples" for r, n in zip(ranks, per_rank)) + " since its previous "
-                "step: the ranks did different work for the same step", "every rank must train on its whole share of "
-                "each global batch it steps on, and skip the batches the others skip, in the same step")
     steps = next(iter(counts.values()), 0)
-    require(steps == len(alone), f"the ranks made {steps} optimizer steps each, but one process makes {len(alone)} "
+    require(steps == alone, f"the ranks made {steps} optimizer steps each, but one process makes {alone} "
             "on the same global batches", "skip exactly the global batches one process skips: those with a corrupt "
             "sample on any rank")
-    shares = [n * HANG_WORLD_SIZE for n in next(iter(ranks.values()), [])]
-    first = next((k for k, (a, b) in enumerate(zip(shares, alone), start=1) if a != b), None)
-    require(first is None, f"before optimizer step {first}, the ranks had together trained on "
-            f"{shares[(first or 1) - 1]} samples, one process on {alone[(first or 1) - 1]}: they skipped other "
-            "batches", "skip exactly the global batches one process skips")
     mine = _validation(two)
     for epoch in sorted(reference):
         require(epoch in mine, f"rank 0 printed no validation after {epoch} epochs", KEEP_PRINTS)

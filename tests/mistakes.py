@@ -182,14 +182,6 @@ ZERO_SEND = "        for i, p in enumerate(self.params):\n            dist.broad
 SAVE_GUARD = "    if dist.get_rank() == 0:\n        checkpoint = {\n"
 SAVE_ATOMIC = "        torch.save(checkpoint, temporary)\n        os.replace(temporary, path)\n"
 SAVE_BARRIER = "    dist.barrier()  # nobody goes on (or reads the file) before it is complete\n"
-HANG_REDUCE = "    dist.all_reduce(total)  # every rank makes the collective; only rank 0 prints\n"
-HANG_LOOP = ("    for x, y in batches:\n        optimizer.zero_grad()\n        loss = F.mse_loss(model(x), y)\n"
-             "        loss.backward()\n        optimizer.step()\n        total += loss.detach()\n")
-HANG_JOIN = ("    with Join([model]):  # a rank out of batches answers the others' all-reduces until all are done\n"
-             + HANG_LOOP.replace("\n    ", "\n        ").replace("    for", "        for", 1)
-             .replace("loss.backward()\n", "loss.backward()  # DDP averages the gradients over the ranks here\n"))
-HANG_FEWEST = "    fewest = torch.tensor([len(batches)])\n    dist.all_reduce(fewest, op=dist.ReduceOp.MIN)\n"
-HANG_BROADCAST = "    dist.broadcast(stop, src=0)  # rank 0's decision, on every rank\n"
 EXERCISE_MISTAKES = [
     Mistake("pi_remainder_dropped", "pi", ((PI_SHARE, "    share = intervals // world_size\n"
                                                       "    start, stop = rank * share, (rank + 1) * share\n"),),
@@ -410,29 +402,32 @@ EXERCISE_MISTAKES = [
     Mistake("zero_memory_state_whole_on_every_rank", "zero_memory", ((ZERO_MEMORY_RETURN, ZERO_MEMORY_RETURN.replace(
         '"optimizer_state": s} for s in state]', '"optimizer_state": sum(state)} for s in state]')),),
             "every rank whole, as in DDP"),
-    # hang_collective.py, hang_uneven.py, hang_early_stop.py (notebook 23): a fix that still hangs, or finishes wrong
-    Mistake("hang_collective_removed", "hang_collective", ((HANG_REDUCE, ""),), "but the ranks' own losses"),
-    Mistake("hang_collective_max", "hang_collective", ((HANG_REDUCE, "    dist.all_reduce(total, op=dist.ReduceOp.MAX)\n"),),
-            "but the ranks' own losses"),
-    Mistake("hang_collective_reduce_on_rank_0_only", "hang_collective", (  # the lone collective is now a reduce
-        (HANG_REDUCE, ""), ("    if dist.get_rank() == 0:\n        print(",
-                            "    if dist.get_rank() == 0:\n        dist.reduce(total, dst=0)\n        print(")),
-            "waiting were rank 0 in dist.reduce()"),
-    Mistake("hang_uneven_each_drops_its_last", "hang_uneven", ((HANG_JOIN, HANG_LOOP.replace("in batches:", "in batches[:-1]:")),),
-            "deadlocked (nothing happened for"),
-    Mistake("hang_uneven_extra_batch_past_ddp", "hang_uneven", (  # the extra batch trained on model.module: no all-reduce
-        (HANG_JOIN, HANG_FEWEST + HANG_LOOP.replace("for x, y in batches:", "for k, (x, y) in enumerate(batches):")
-         .replace("model(x)", "(model if k < fewest.item() else model.module)(x)")),), "ended with different weights"),
-    Mistake("hang_uneven_one_batch_too_few", "hang_uneven", (
-        (HANG_JOIN, HANG_FEWEST + HANG_LOOP.replace("in batches:", "in batches[:fewest.item() - 1]:")),),
-            "fewer than the 5 batches an epoch"),
-    Mistake("hang_early_stop_min_vote", "hang_early_stop", ((HANG_BROADCAST, "    dist.all_reduce(stop, op=dist.ReduceOp.MIN)\n"),),
-            "every rank should have trained 4 epochs"),
-    Mistake("hang_early_stop_shared_before_deciding", "hang_early_stop", (  # rank 1 gets rank 0's vote of before
-        (HANG_BROADCAST, ""), ("    stop = torch.zeros(1)\n", "    stop = torch.zeros(1)\n" + HANG_BROADCAST)),
-            "waiting were rank 0 in dist.barrier()"),
-    Mistake("hang_early_stop_shared_only_to_stop", "hang_early_stop", (  # a collective that only rank 0 makes, once
-        (HANG_BROADCAST, "    if stop.item():\n    " + HANG_BROADCAST),), "deadlocked (nothing happened for"),
+]
+# hang_training.py (notebook 23): a fix that moves the hang, one that gives other numbers, one that trains otherwise
+HANG_VOTE = ("        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0])\n"
+             "        dist.all_reduce(bad, op=dist.ReduceOp.MAX)\n        if bad.item() > 0:\n")
+HANG_SUMS = ("    dist.all_reduce(sums)  # once, after the loop: every rank has made the same calls, however many batches\n"
+             "    model.train()\n    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()\n")
+HANG_FIRST_VALIDATION = ("    loss, accuracy = evaluate(model, x_val, y_val, args.val_batch_size, rank, world_size)\n"
+                         "    if rank == 0:\n")
+HANG_LOSS = "        loss = F.cross_entropy(model(x), y)\n"
+EXERCISE_MISTAKES += [
+    Mistake("hang_validation_on_rank_0_only", "hang_finishes", (  # only rank 0 needs the numbers: the hang moves
+        (HANG_FIRST_VALIDATION, "    if rank == 0:\n" + HANG_FIRST_VALIDATION.splitlines(keepends=True)[0].replace("    ", "        ", 1)),),
+            "waiting were rank 0 in dist.all_reduce()"),
+    Mistake("hang_checkpoint_own_state_only", "hang_finishes", (  # no collective left, and no other rank's state
+        ("    states = [None] * dist.get_world_size()\n    dist.all_gather_object(states, rank_state)\n",
+         "    states = [rank_state]\n"),), "with the state of 1, 1 ranks, not of all 2"),
+    Mistake("hang_validation_mean_of_means", "hang_validation", (  # the shards are uneven: 19 and 18 samples
+        (HANG_SUMS, "    means = sums[:2] / sums[2]\n    dist.all_reduce(means)\n    means /= dist.get_world_size()\n"
+                    "    model.train()\n    return means[0].item(), means[1].item()\n"),), "but one process gives"),
+    Mistake("hang_skip_decided_per_rank", "hang_same_steps", (  # no hang, but the ranks pair different batches
+        (HANG_VOTE, "        if not torch.isfinite(loss):\n"),), "the ranks made 22 optimizer steps each, but one process makes 20"),
+    Mistake("hang_skip_min_vote", "hang_same_steps", (  # skips only when every rank's loss is bad: trains on NaN
+        (HANG_VOTE, HANG_VOTE.replace("ReduceOp.MAX", "ReduceOp.MIN")),), "the ranks made 4 optimizer steps each"),
+    Mistake("hang_corrupt_samples_left_out", "hang_same_steps", (  # each rank trains on its finite samples: other means
+        (HANG_LOSS, "        finite = torch.isfinite(x).all(dim=1)\n"
+                    "        loss = F.cross_entropy(model(x[finite]), y[finite])\n"),), "no batch was skipped"),
 ]
 # input_pipeline.py (notebook 18): a pipeline that fixes one cause of the slowness or none, or trains on other
 # batches: fewer, in another order, or other images

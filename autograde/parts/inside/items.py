@@ -7,7 +7,7 @@ from autograde.parts.inside import checks_model_parallel as model_parallel
 
 PART_ID = "inside_ddp"
 BY_HAND, TENSOR, PIPELINE = "ddp_by_hand.py", "tensor_parallel.py", "pipeline_parallel.py"
-HANGS = "23_debugging_hangs"
+HANGS, HANG_FILE = "23_debugging_hangs", "hang_training.py"
 ITEMS = [
     exercise("naive_ddp", "DDP by hand: all-reduce every gradient", 2, PART_ID, "20_ddp_by_hand", BY_HAND,
              (checks.DDP_RUNS,), checks.check_naive_ddp),
@@ -32,12 +32,12 @@ ITEMS = [
              "22_model_parallel", PIPELINE, (checks_pipeline.STAGES_RUNS,), checks_pipeline.check_interleaved),
     exercise("bubble", "predict the bubble of S stages and M micro-batches", 1, PART_ID, "22_model_parallel",
              PIPELINE, (checks_pipeline.BUBBLE_RUNS,), checks_pipeline.check_bubble),
-    exercise("hang_collective", "fix a hang: a collective on one rank", 1, PART_ID, HANGS, "hang_collective.py",
-             (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_collective),
-    exercise("hang_uneven", "fix a hang: uneven batches", 1, PART_ID, HANGS, "hang_uneven.py", (checks_hangs.HANG_RUNS,),
-             checks_hangs.check_hang_uneven),
-    exercise("hang_early_stop", "fix a hang: early stopping decided on rank 0", 1, PART_ID, HANGS,
-             "hang_early_stop.py", (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_early_stop),
+    exercise("hang_finishes", "a training project that hangs: every rank reaches the end", 1, PART_ID, HANGS,
+             HANG_FILE, (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_finishes),
+    exercise("hang_validation", "a training project that hangs: validation over uneven shards", 1, PART_ID, HANGS,
+             HANG_FILE, (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_validation),
+    exercise("hang_same_steps", "a training project that hangs: the same steps on every rank", 1, PART_ID, HANGS,
+             HANG_FILE, (checks_hangs.HANG_RUNS,), checks_hangs.check_hang_same_steps),
 ]
 PART = Part(PART_ID, "Inside DDP: data parallelism by hand, sharding, model parallelism, hangs", "2[0-3]_*.ipynb",
             "2[0-3]_*", ("demos/no_sync_accumulation.py", "demos/fsdp_memory.py", "demos/hangs.py",

@@ -1,7 +1,8 @@
 """What the notebooks of the part "inside DDP" (inside_ddp, notebooks 20-23) call: the hand-made
 DDPs timed against DistributedDataParallel, the bucket plan of a model, gradient accumulation with
 no_sync (20); the memory each ZeRO stage leaves on a process, and the sharded optimizer and FSDP
-measured (21); demos/hangs.py made to hang and looked at from outside (23). Every launch has a
+measured (21); demos/hangs.py made to hang and looked at from outside, and the stacks of the
+learner's project where it hangs (23). Every launch has a
 time limit and leaves nothing running (runtime.run, or a process group killed after). And the
 part's figures: the hand-made DDPs against DDP (20), memory by ZeRO stage and the optimizer state's
 shares (21). Model parallelism (22) has its own module, inside_model_parallel.py."""
@@ -205,11 +206,30 @@ def _frames_faulthandler(pid: int, output: list[str], collect: Callable[[], None
 
 
 def where_they_wait(bug: str, world_size: int = 2, settle: float = 4.0, limit: float = 90.0) -> dict[int, list[str]]:
-    """Starts the script with `bug`, waits until every rank has said its pid and nothing has been
+    """Starts the demo with `bug`, waits until every rank has said its pid and nothing has been
     printed for `settle` seconds (stuck), reads each rank's stack, kills everything, and returns
     {rank: frames, innermost first}. With py-spy where it is installed, else with faulthandler."""
     command: list[str | Path] = [sys.executable, runtime.course_file(HANGS), "--world-size", str(world_size), "--bug", bug,
                                  "--timeout", "300"]
+    return _stuck_stacks(command, f"hangs.py --bug {bug}", world_size, settle, limit)
+
+
+def stacks_of(script: str = "exercises/hang_training.py", *args: str, world_size: int = 2, settle: float = 5.0,
+              limit: float = 120.0) -> dict[int, list[str]]:
+    """`python SCRIPT --world-size N --timeout 300 ARGS` (a script that prints "rank R (pid P)" on each
+    rank), read as where_they_wait reads the demo: {rank: frames, innermost first} once it is stuck;
+    {} (and a line that says so) when it ends by itself, as a fixed script does."""
+    command: list[str | Path] = [sys.executable, runtime.course_file(script), "--world-size", str(world_size),
+                                 "--timeout", "300", *args]
+    try:
+        return _stuck_stacks(command, Path(script).name, world_size, settle, limit)
+    except HangError as error:
+        print(error)
+        return {}
+
+
+def _stuck_stacks(command: list[str | Path], name: str, world_size: int, settle: float,
+                  limit: float) -> dict[int, list[str]]:
     proc = processes.start(command, merge_stderr=True)
     lines: queue.Queue[str | None] = queue.Queue()
     output: list[str] = []
@@ -248,11 +268,11 @@ def where_they_wait(bug: str, world_size: int = 2, settle: float = 4.0, limit: f
             if len(pids) == world_size and time.monotonic() - quiet_since >= settle:
                 break
         if ended:
-            raise HangError(f"hangs.py --bug {bug} ended by itself: {''.join(output[-3:]).strip()}")
+            raise HangError(f"{name} ended by itself: {''.join(output[-3:]).strip()}")
         if len(pids) < world_size:
-            raise HangError(f"hangs.py --bug {bug}: only {len(pids)} of {world_size} ranks started in {limit:.0f} s")
+            raise HangError(f"{name}: only {len(pids)} of {world_size} ranks started in {limit:.0f} s")
         how = "py-spy dump" if _py_spy() else "faulthandler (py-spy is not installed)"
-        print(f"--bug {bug}: stuck for {settle:g} s; each rank's stack by {how}:")
+        print(f"{name}: stuck for {settle:g} s; each rank's stack by {how}:")
         stacks = {}
         for rank, pid in sorted(pids.items()):
             if _py_spy():
@@ -298,10 +318,13 @@ def checker_report(bug: str, world_size: int = 2) -> str:
         ws.close()
 
 
-def fixed(bug: str, world_size: int = 2) -> str:
-    """The script with the bug's fix: it must finish. Its output."""
-    return runtime.run([sys.executable, runtime.course_file(HANGS), "--world-size", str(world_size), "--bug", bug,
-                        "--fix", "--timeout", "30"], timeout=120)
+def timeout_message(bug: str, seconds: int = 5, world_size: int = 2) -> str:
+    """The demo with `bug` and init_process_group(timeout=`seconds`): the line it ends with once a
+    rank's collective gives up waiting."""
+    result = processes.run([sys.executable, runtime.course_file(HANGS), "--world-size", str(world_size), "--bug", bug,
+                            "--timeout", str(seconds)], timeout=seconds + 90)
+    found = [line for line in result.stderr.splitlines() if line.startswith("hangs.py:")]
+    return found[0] if found else f"(exit status {result.returncode}: {result.last_line})"
 
 
 # Figures -------------------------------------------------------------------------------------

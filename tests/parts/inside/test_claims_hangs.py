@@ -1,16 +1,16 @@
-"""Notebook 23's claims about PyTorch, checked against the installed torch: the process group's
-default time-outs, and how DDP under Join averages the gradients of a step that only some ranks train."""
+"""Notebook 23's claims about PyTorch and Python, checked against the installed ones: the process
+group's default time-outs, faulthandler's watchdog, and the flight recorder's settings and reader."""
 from __future__ import annotations
 
 import datetime
-import gc
-import os
-import socket
+import mmap
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,49 +26,44 @@ def test_the_default_timeouts_are_30_minutes_for_gloo_and_10_for_nccl() -> None:
     assert distributed_c10d._get_default_timeout("nccl") == datetime.timedelta(minutes=10)
 
 
-def _join_worker(rank: int, port: int, out: str) -> None:
-    """Rank 1 has one batch more than rank 0. Its gradient in that extra step, with Join's default
-    and with divide_by_initial_world_size=False, next to the gradient of its batch alone."""
-    import torch.distributed as dist
-    from torch.distributed.algorithms.join import Join
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
-    found = {}
-    for divide in (True, False):
-        model = torch.nn.Linear(1, 1, bias=False)  # one parameter, w
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        batches = [torch.tensor([[float(rank + 1)]])] + ([torch.tensor([[5.0]])] if rank == 1 else [])
-        with Join([ddp], divide_by_initial_world_size=divide):
-            for k, x in enumerate(batches):
-                model.weight.grad = None
-                ddp(x).sum().backward()  # d(w * x)/dw = x: this rank's own gradient is x
-                if k == 1:
-                    found[divide] = (float(model.weight.grad), float(x))
-        del ddp
-    if rank == 1:
-        torch.save(found, out)
-    # DDP's reducers freed (gc: its hooks can make cycles), then both ranks leave together: a rank that
-    # tears gloo down while the other still talks to it can abort (seen once on a loaded machine)
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 @pytest.mark.launch
-def test_join_divides_the_extra_step_by_the_initial_world_size(tmp_path: Path) -> None:
-    """Notebook 23: under Join, a rank out of data answers with zeros and DDP divides by the initial
-    world size (divide_by_initial_world_size=True by default): rank 1's gradient in its extra step is
-    its own gradient / 2, not an average over the ranks still training; with
-    divide_by_initial_world_size=False it is its own gradient."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "grads.pt"
-    mp.spawn(_join_worker, args=(port, str(out)), nprocs=2)
-    found = torch.load(out)
-    grad, own = found[True]
-    assert own == 5.0 and grad == pytest.approx(own / 2), found
-    grad, own = found[False]
-    assert grad == pytest.approx(own), found
+def test_a_watchdog_re_armed_every_step_fires_only_on_a_stuck_one() -> None:
+    """Notebook 23: dump_traceback_later prints every thread's stack once its time has passed, unless
+    cancelled; a second call replaces the first and starts the clock again; exit=True ends the process."""
+    program = textwrap.dedent("""
+        import faulthandler, time
+        def stuck():
+            time.sleep(30)
+        for step in range(4):
+            faulthandler.dump_traceback_later(2, exit=True)  # re-armed: 4 steps of 1 s never reach it
+            time.sleep(1.0)
+        print("four steps", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        time.sleep(2)  # cancelled: no dump
+        print("cancelled", flush=True)
+        faulthandler.dump_traceback_later(1, exit=True)
+        stuck()
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["four", "steps", "cancelled"], result
+    assert result.stderr.startswith("Timeout (0:00:01)!") and 'line 4 in stuck' in result.stderr, result.stderr
+    assert result.returncode == 1, result  # exit=True: the watchdog ended the stuck process
+
+
+def test_the_flight_recorder_s_settings_and_reader_are_this_torch_s() -> None:
+    """Notebook 23: TORCH_FR_BUFFER_SIZE (older name TORCH_NCCL_TRACE_BUFFER_SIZE) turns the recorder on,
+    TORCH_NCCL_DUMP_ON_TIMEOUT dumps it when a collective times out, TORCH_FR_DUMP_TEMP_FILE names the
+    files, and torchfrtrace (torch.distributed.flight_recorder.fr_trace) reads them."""
+    from torch.distributed import distributed_c10d
+    from torch.distributed.flight_recorder import fr_trace
+
+    source = Path(distributed_c10d.__file__).read_text()
+    assert '"TORCH_FR_BUFFER_SIZE",\n' in source and 'os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")' in source
+    assert callable(fr_trace.main) and (Path(sys.executable).parent / "torchfrtrace").exists()
+    libraries = Path(torch.__file__).parent / "lib"
+    wanted = {b"TORCH_NCCL_DUMP_ON_TIMEOUT", b"TORCH_FR_DUMP_TEMP_FILE"}
+    found = set()
+    for library in libraries.glob("libtorch_c*.so"):
+        with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            found |= {name for name in wanted if data.find(name + b"\0") >= 0}
+    assert found == wanted, found

@@ -21,6 +21,7 @@ FROM_14 = [n for n in NOTEBOOKS if int(n[:2]) >= 14]
 PROMPT = re.compile(r"\*\*\s*(predict|think about it|before you run|what does the trace show)\b[^*]*\*\*"
                     r"|^#+ .*\bpredict\b", re.I | re.M)
 HEADING = re.compile(r"^#+ ", re.M)
+FENCED = re.compile(r"^```.*?^```", re.M | re.S)  # a code block's "# comment" is no heading
 CHECK = re.compile(r"\bautograde\.assert_step\(")
 
 
@@ -30,6 +31,11 @@ def _cells(notebook: str) -> list[dict]:
 
 def _source(cell: dict) -> str:
     return "".join(cell["source"])
+
+
+def _prose(cell: dict) -> str:
+    """A markdown cell's text without its code blocks, where a line may start with '#'."""
+    return FENCED.sub("", _source(cell))
 
 
 def _is_answer(cell: dict) -> bool:
@@ -43,14 +49,14 @@ def unanswered(cells: list[dict]) -> list[str]:
     for at, cell in enumerate(cells):
         if cell["cell_type"] != "markdown":
             continue
-        text = _source(cell)
+        text = _prose(cell)
         for prompt in PROMPT.finditer(text):
             if HEADING.search(text, prompt.end()):  # a heading later in the prompt's own cell ends its section
                 left.append(" ".join(text[prompt.start():prompt.start() + 60].split()))
                 continue
             section = []
             for later in cells[at + 1:]:
-                if later["cell_type"] == "markdown" and HEADING.search(_source(later)) and not _is_answer(later):
+                if later["cell_type"] == "markdown" and HEADING.search(_prose(later)) and not _is_answer(later):
                     break
                 section.append(later)
             if not any(_is_answer(c) or (c["cell_type"] == "code" and CHECK.search(_source(c))) for c in section):
@@ -89,3 +95,5 @@ def test_the_prompt_rule_sees_an_unanswered_prompt_and_an_answered_one() -> None
     assert unanswered([md("**What does the trace show?** Name the widest gap."), code("x = 1")]) == [
         "**What does the trace show?** Name the widest gap."]
     assert unanswered([md("Nothing is asked here."), code("x = 1")]) == []
+    hint = md("<details><summary>Hint 3</summary>\n\n```python\n# the owners, from the sizes\n```\n</details>")
+    assert unanswered([prompt, hint, code("autograde.assert_step(\"elastic\")")]) == []  # a comment is no heading

@@ -204,7 +204,8 @@ LATER = [p.id for p in registry.PARTS if p.id != registry.FIRST]
 
 
 def release_and_grade(folder: Path, part_id: str) -> Path:
-    """`make release PART=...`, every item's checkpoint copied into a learner's submission, `make grade PART=...`."""
+    """`make release PART=...`, every item's checkpoint copied into a learner's submission and every answer cell
+    written in, `make grade PART=...`."""
     part = registry.PART[part_id]
     make("release", folder, 300, f"PART={part.id}")
     submission = folder / "submitted" / "solved" / part.id
@@ -212,6 +213,12 @@ def release_and_grade(folder: Path, part_id: str) -> Path:
     for item in registry.ITEMS:
         if item.part == part.id:
             shutil.copy(ROOT / str(item.checkpoint), submission / item.file)
+    for path in submission.glob("*.ipynb"):  # and writes in every answer cell (left as it was, one gets 0)
+        notebook = json.loads(path.read_text())
+        for cell in notebook["cells"]:
+            if assignment.is_answer(cell["metadata"].get("nbgrader", {}).get("grade_id", "")):
+                cell["source"] = ["An answer of the learner's."]
+        path.write_text(json.dumps(notebook, indent=1))
     make("grade", folder, 1200, f"PART={part.id}")
     return folder
 
@@ -284,7 +291,7 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
         clone: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A notebook with an answer cell, released and graded with nbgrader for real: the student
     version keeps the cell for the learner to write in, autograding keeps the learner's answer and
-    leaves it to the instructor (pending, not 0 of 1), and once it is graded by hand (as the
+    leaves it to the instructor (pending, not 0 of 1; one left as it was gets 0), and once it is graded by hand (as the
     formgrader does, in the gradebook) `scores` counts it, and so does grading again."""
     from nbgrader.api import Gradebook
 
@@ -309,6 +316,7 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
     (mine,) = [c for c in handed_in["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
     mine["source"] = [LEARNERS_ANSWER]
     (submission / released.name).write_text(json.dumps(handed_in, indent=1))
+    shutil.copytree(released.parent, assignment.root() / "submitted" / "bo" / LAB.id)  # bo leaves it as it was
     capsys.readouterr()
     export = grading.grade(LAB.id, at_once=1)
     shown = capsys.readouterr().out
@@ -317,9 +325,12 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
     assert LEARNERS_ANSWER in ["".join(c["source"]) for c in graded["cells"]]  # the answer kept
     feedback = (assignment.root() / "feedback" / "ada" / LAB.id / f"{ANSWER_NOTEBOOK}.html").read_text()
     assert LEARNERS_ANSWER in feedback
-    assert grading.grades(export, LAB.id) == {"ada": 0} and grading.pending_by_hand(export, LAB.id) == {"ada": 1}
-    (outcome,) = grading.outcomes(LAB.id)
+    # nothing to read from bo: nbgrader gives an answer cell left as it was 0, as it does any solution cell
+    assert grading.grades(export, LAB.id) == {"ada": 0, "bo": 0}
+    assert grading.pending_by_hand(export, LAB.id) == {"ada": 1, "bo": 0}
+    outcome, left = grading.outcomes(LAB.id)
     assert (outcome.lost, outcome.pending, outcome.pending_points) == ([], ["answer_03_lonely_node"], 1)
+    assert (left.student, left.pending) == ("bo", [])
     assert "1 point(s): answer_03_lonely_node" in shown and "to grade by hand" in shown
 
     with Gradebook(f"sqlite:///{assignment.root() / 'gradebook.db'}") as gradebook:  # the formgrader's doing
@@ -328,10 +339,12 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
         grade.manual_score = 1
         gradebook.db.commit()
     export = grading.scores(LAB.id)
-    assert grading.grades(export, LAB.id) == {"ada": 1} and grading.pending_by_hand(export, LAB.id) == {"ada": 0}
+    assert grading.grades(export, LAB.id) == {"ada": 1, "bo": 0}
+    assert grading.pending_by_hand(export, LAB.id) == {"ada": 0, "bo": 0}
     assert "to grade by hand" not in capsys.readouterr().out
     export = grading.grade(LAB.id, at_once=1)  # grading again keeps the instructor's score
-    assert grading.grades(export, LAB.id) == {"ada": 1} and grading.pending_by_hand(export, LAB.id) == {"ada": 0}
+    assert grading.grades(export, LAB.id) == {"ada": 1, "bo": 0}
+    assert grading.pending_by_hand(export, LAB.id) == {"ada": 0, "bo": 0}
 
 
 @pytest.mark.launch

@@ -39,7 +39,7 @@ def compute_pi(rank, world_size, intervals, device):
     i = torch.arange(start, stop, dtype=torch.float64, device=device)
     part = f((i + 0.5) / intervals).sum() / intervals
     # TODO pi: what this returns must be pi on every rank: the sum of all the ranks' parts, not
-    # only this rank's part. Look up: dist.all_reduce
+    # only this rank's part.
     return part.item()
 
 

@@ -51,7 +51,7 @@ class NaiveDDP(nn.Module):
     def finish_gradient_synchronization(self):
         # TODO naive_ddp: called after backward() on every process. On return, every parameter that has
         # a gradient holds the average of that gradient over all processes; one that has none (frozen,
-        # unused) is left alone. Look up: dist.all_reduce.
+        # unused) is left alone.
         pass  # your code
 
 class OverlapDDP(nn.Module):
@@ -62,7 +62,7 @@ class OverlapDDP(nn.Module):
         self.pending = []  # yours to use as you see fit
         # TODO overlap_ddp: arrange for each gradient's communication to start during backward(), as
         # soon as that gradient is final (a tied weight's too, after all its uses), without waiting for
-        # it to finish there. Frozen parameters never get a gradient. Look up: Tensor.register_post_accumulate_grad_hook.
+        # it to finish there. Frozen parameters never get a gradient.
 
     def _launch(self, parameter):
         pass  # your code, if you want this method

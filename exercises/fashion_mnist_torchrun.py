@@ -144,7 +144,7 @@ def worker(local_rank, args):
     # MASTER_PORT: notebook 14 prints them). Contract: for any --nnodes and --nproc-per-node,
     # this process joins the group as the global rank torchrun gave it, in a group of the size
     # torchrun gave it, and everything below that uses the rank or the world size (the samplers,
-    # the metrics) sees those same values. Look up: init_process_group's init_method "env://".
+    # the metrics) sees those same values.
     # Step 4: compute this process's global rank from args.node_id, args.num_gpus and
     # local_rank, then join the process group with dist.init_process_group: backend "nccl"
     # on GPUs ("gloo" on the CPU), the rank and args.world_size. On a GPU, call

@@ -47,7 +47,7 @@ class KFAC:
         self.steps = 0
         # TODO kfac: from now on, every training forward and backward pass through each layer must
         # leave what its factors A and G are made of (notebook 25 defines them) where step() finds
-        # them. Look up: nn.Module.register_forward_pre_hook, register_full_backward_hook.
+        # them.
         pass  # your code
 
     @torch.no_grad()
@@ -56,11 +56,11 @@ class KFAC:
         # (A kron G + damping x I)^-1 applied to the weight's and the bias's gradient taken as one
         # matrix, with A and G the running averages of notebook 25, refreshed (with their
         # decompositions) at steps 0, update_freq, 2 x update_freq, ... (step() calls counted from 0),
-        # the last ones reused in between. Look up: torch.linalg.eigh.
+        # the last ones reused in between.
         # TODO kfac_distributed: in a process group of N > 1 ranks, each seeing 1/N of the batch, the
         # preconditioned gradients must be those of one process on the whole batch; each layer's
         # decompositions are computed by exactly one rank and reach the others from it; between
-        # refreshes, step() makes no collective. Look up: dist.all_reduce, dist.broadcast.
+        # refreshes, step() makes no collective.
         pass  # your code
 
 

@@ -41,7 +41,7 @@ class LARS(torch.optim.Optimizer):
         # lr, momentum, weight_decay and eta), as notebook 24's LARS update says: the trust ratio for
         # parameters with more than one dimension (1 when the weight's or the gradient's norm is 0), none
         # and no weight decay for those with one dimension, and a momentum buffer per parameter kept in
-        # self.state[p]. Look up: Tensor.norm, torch.optim.SGD's momentum.
+        # self.state[p].
         pass  # your code
 
 

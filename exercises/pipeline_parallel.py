@@ -40,7 +40,6 @@ def gpipe(stage, micro_batches, targets, loss_fn):
     # shape. loss_fn(output, target): one micro-batch's mean loss. Call stage(x) once per micro-batch.
     # On return, every parameter of `stage` holds in .grad its gradient of the whole batch's mean loss,
     # as the unsplit model gives it, and everything this rank sent has been received.
-    # Look up: dist.send, dist.recv, dist.isend.
     pass  # your code
 
 

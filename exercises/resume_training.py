@@ -44,7 +44,6 @@ def save_checkpoint(path, model, optimizer, epoch):
     # - a kill at any moment, even in the middle of a save, leaves at `path` either this epoch's
     #   checkpoint or the previous one, whole, never a part of one;
     # - no rank returns from this call (to train on, or to read the file) before the file is complete.
-    # Look up: os.replace.
     pass
 
 
@@ -56,7 +55,6 @@ def load_checkpoint(path, model, optimizer, device):
     # optimizer, on `device`, in the state that save_checkpoint saved, and returns the first
     # epoch that checkpoint does not cover, so that the resumed run trains the same epochs in
     # all and follows the same weights, epoch by epoch, as a run that was never killed.
-    # Look up: torch.load.
     return 1
 
 

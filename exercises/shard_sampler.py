@@ -50,7 +50,7 @@ class ShardSampler(Sampler):
     def __iter__(self):
         # TODO sampler: order must be this epoch's order of all the indices 0 .. size - 1: the same
         # on every rank for a given seed and epoch, and new with each epoch and seed when shuffle is
-        # on; 0, 1, 2, ... when it is off. Look up: torch.randperm
+        # on; 0, 1, 2, ... when it is off.
         order = list(range(self.size))
         # TODO sampler: return only this rank's share of that order: len(self) indices, disjoint
         # from the other ranks' shares, and all the shares together as the module docstring says

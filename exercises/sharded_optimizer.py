@@ -42,7 +42,7 @@ class ShardedOptimizer:
 
     def step(self):
         # TODO zero: on return, every parameter on every rank holds the value that optimizer_cls would
-        # have given it unsharded, with the gradients DDP averaged. Look up: dist.broadcast.
+        # have given it unsharded, with the gradients DDP averaged.
         pass  # your code
 
 

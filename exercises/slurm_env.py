@@ -37,7 +37,6 @@ def torch_env_from_slurm(environ):
     # - rank 0 runs on that node: it hosts the rendezvous there;
     # - every task gets the same port, one an ordinary user may listen on (1024 to 65535), and
     #   two jobs with different ids, which may share a node, get different ports.
-    # Look up: scontrol show hostnames
     return {}
 
 

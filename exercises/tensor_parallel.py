@@ -33,7 +33,7 @@ class CopyToParallel(torch.autograd.Function):
     # TODO tensor_parallel: forward gets x, the same whole tensor on every rank of `group` (None: all
     # ranks), and returns what each rank's shard computes from. backward gets this rank's gradient
     # with respect to that output and returns x's gradient (and None for `group`), which must be the
-    # same on every rank: x's gradient in the unsplit model. Look up: torch.autograd.Function, ctx.
+    # same on every rank: x's gradient in the unsplit model.
     @staticmethod
     def forward(ctx, x, group=None):
         pass  # your code
@@ -49,7 +49,7 @@ class ReduceFromParallel(torch.autograd.Function):
     # TODO tensor_parallel: forward gets this rank's partial result x (a tensor of the whole
     # output's shape) and returns the whole result, the same on every rank of `group`. backward gets
     # the gradient with respect to that whole result (the same on every rank) and returns x's
-    # gradient (and None for `group`). Look up: dist.all_reduce (it works in place).
+    # gradient (and None for `group`).
     @staticmethod
     def forward(ctx, x, group=None):
         pass  # your code
@@ -113,7 +113,7 @@ def make_groups(tensor_parallel):
     # TODO two_d: return (tensor_group, data_group), this rank's two groups. The world is cut into
     # tensor groups of `tensor_parallel` ranks each; the ranks of a data group hold the same shards
     # (one rank from each tensor group, the same position in each). Every rank is in exactly one
-    # group of each kind. Look up: dist.new_group (read who must call it).
+    # group of each kind.
     pass  # your code
 
 

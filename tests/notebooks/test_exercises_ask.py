@@ -3,10 +3,11 @@ docstrings, and every exercise's notebook holds its hints in tiers the learner o
 
 The answer is what the course's solution has that the handed-out file does not: every line of
 the solution's code that is not in the exercise. None of its expressions may stand in the
-exercise's prose (a formula, an index, a call with its arguments); the API a TODO tells the
-learner to look up is a name, not an expression with its arguments, and passes. A batch script
-(.sbatch) is read as bash: its prose is its comment lines (not the shebang, not the #SBATCH
-lines, which are options), its code every other line."""
+exercise's prose (a formula, an index, a call with its arguments). Nor may the prose point at
+the API to use ("Look up: dist.all_reduce"): which API is part of the answer, and naming it is a
+hint, which belongs in the notebook's tiers. A batch script (.sbatch) is read as bash: its prose
+is its comment lines (not the shebang, not the #SBATCH lines, which are options), its code every
+other line."""
 from __future__ import annotations
 
 import ast
@@ -21,6 +22,8 @@ from conftest import ROOT
 
 from autograde.grading import registry
 
+EXERCISE_FILES = sorted(p.name for p in (ROOT / "exercises").iterdir() if p.suffix in (".py", ".sbatch"))
+LOOK_UP = re.compile(r"\blook\s+up\b", re.I)  # "Look up: <API>", folded over a line break or not
 EXERCISES = sorted({(i.file, str(i.checkpoint)) for i in registry.ITEMS if i.part != registry.FIRST and i.checkpoint})
 SHORTEST = 14  # characters: shorter expressions (`rank`, `p.grad`) are words a contract needs
 
@@ -31,8 +34,9 @@ def _is_prose_line(line: str) -> bool:
     return text.startswith("#") and not text.startswith(("#!", "#SBATCH"))
 
 
-def _bash_prose(source: str) -> str:
-    return _fold(" ".join(line.strip().lstrip("#") for line in source.splitlines() if _is_prose_line(line)))
+def _bash_prose(source: str, fold: bool = True) -> str:
+    text = " ".join(line.strip().lstrip("#") for line in source.splitlines() if _is_prose_line(line))
+    return _fold(text) if fold else text
 
 
 def _bash_answer(exercise: str, solution: str) -> set[str]:
@@ -49,14 +53,14 @@ def _bash_answer(exercise: str, solution: str) -> set[str]:
     return found
 
 
-def _prose(source: str) -> str:
-    """The comments and docstrings of a file, white space folded."""
+def _prose(source: str, fold: bool = True) -> str:
+    """The comments and docstrings of a file, white space folded (unless told not to)."""
     parts = [tok.string.lstrip("#") for tok in tokenize.generate_tokens(io.StringIO(source).readline)
              if tok.type == tokenize.COMMENT]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
             parts.append(ast.get_docstring(node) or "")
-    return _fold(" ".join(parts))
+    return _fold(" ".join(parts)) if fold else " ".join(parts)
 
 
 def _fold(text: str) -> str:
@@ -115,6 +119,29 @@ def test_the_check_finds_an_answer_written_in_a_batch_scripts_todo() -> None:
     assert any(answer in _bash_prose(exercise) for answer in _bash_answer(exercise, solution))
     assert not any(answer in _bash_prose(solution) for answer in _bash_answer(solution, solution))
     assert "nodes=2" not in _bash_prose(solution)
+
+
+def _pointers(name: str, source: str) -> list[str]:
+    """Where the prose of an exercise file tells the learner which API to look up."""
+    prose = _bash_prose(source, fold=False) if name.endswith(".sbatch") else _prose(source, fold=False)
+    return [prose[m.start():m.end() + 40] for m in LOOK_UP.finditer(prose)]
+
+
+@pytest.mark.parametrize("name", EXERCISE_FILES)
+def test_no_exercise_names_the_api_to_look_up(name: str) -> None:
+    told = _pointers(name, (ROOT / "exercises" / name).read_text())
+    assert not told, f"exercises/{name} tells the learner which API to use (a hint for the notebook): {told}"
+
+
+def test_the_check_finds_an_api_to_look_up_in_a_todo() -> None:
+    """The rule above catches "Look up" in a comment, a docstring and a batch script's comment, in
+    any case and across a line break, and not in code or an #SBATCH line."""
+    told = ("def total(part):\n    \"\"\"Sums the parts. LOOK\n    UP: dist.all_reduce\"\"\"\n"
+            "    # TODO pi: pi on every rank. Look up: dist.all_reduce\n    return part\n")
+    assert len(_pointers("compute_pi.py", told)) == 2
+    assert _pointers("slurm_job.sbatch", "#!/bin/bash\n#SBATCH --nodes=2\n# look up: man srun\nsrun true\n")
+    assert not _pointers("compute_pi.py", "LOOKUP = {}  # a table of the ranks\nlook_up = 'look up'\n")
+    assert not _pointers("slurm_job.sbatch", "#!/bin/bash\n#SBATCH --comment='look up'\necho look up\n")
 
 
 HINTS = ("Hint 1", "Hint 2", "Hint 3")

@@ -145,16 +145,87 @@ def test_the_check_finds_an_api_to_look_up_in_a_todo() -> None:
 
 
 HINTS = ("Hint 1", "Hint 2", "Hint 3")
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+TIERS = re.compile(r"<details><summary>Hint (\d)[^<]*</summary>(.*?)</details>", re.S)
+DETAILS = re.compile(r"<details.*?</details>", re.S | re.I)
+INLINE_CODE = re.compile(r"`[^`]+`")
+CALL_WITH_ARGUMENTS = re.compile(r"[\w\])]\(\s*[^)\s]")  # `f(x)`, `t.chunk(N, dim)`; not `f()`, not `(a, b)`
+
+
+def _markdown(notebook: str) -> str:
+    cells = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
 
 @pytest.mark.parametrize("notebook", sorted({i.notebook for i in registry.ITEMS if i.part != registry.FIRST and i.graded
                                              and i.id != "predict"}))
 def test_every_exercise_notebook_has_hints_in_tiers_opened_on_purpose(notebook: str) -> None:
-    """Each graded exercise's notebook has collapsed hints, in order: the idea, the shape of the
-    code, the key line (predict's notebook asks for predictions: its hint is running the calls)."""
-    cells = json.loads((ROOT / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    """Each graded exercise's notebook has collapsed hints, in three tiers: a question, the idea,
+    near-code (predict's notebook asks for predictions: its hint is running the calls)."""
+    text = _markdown(notebook)
     blocks = re.findall(r"<details><summary>(Hint \d)[^<]*</summary>", text)
     assert blocks, f"{notebook} has no hints in <details> blocks"
     assert all(tier in blocks for tier in HINTS), f"{notebook}'s hints are not in three tiers: {blocks}"
     assert text.count("<details>") == text.count("</details>"), f"{notebook} has an unclosed <details>"
+
+
+def _tier_faults(text: str) -> list[str]:
+    """What breaks the course's hint tiers in a notebook's markdown. Every set of hints is Hint 1,
+    2, 3 in that order, each collapsed (no `<details open`). Tier 1 asks a question (a "?") and
+    shows no code block. Tier 2 names the idea: no code block, no call with its arguments, no "="
+    (an assignment, a keyword argument): the code is for tier 3. An API may be named in tier 2."""
+    faults = ["a <details> open by default"] if re.search(r"<details\s+open", text, re.I) else []
+    tiers = TIERS.findall(text)
+    numbers = [number for number, _ in tiers]
+    if numbers != ["1", "2", "3"] * (len(numbers) // 3):
+        faults.append(f"hint sets not in tiers 1, 2, 3: {numbers}")
+    for number, body in tiers:
+        words = " ".join(body.split())[:90]
+        if number == "1" and ("?" not in body or "```" in body):
+            faults.append(f"tier 1 does not ask, or shows code: {words}")
+        calls = [c for c in INLINE_CODE.findall(body.replace("```", "")) if CALL_WITH_ARGUMENTS.search(c)]
+        if number == "2" and ("```" in body or "=" in body or calls):
+            faults.append(f"tier 2 shows code {calls}: {words}")
+    return faults
+
+
+def _visible_pointers(text: str) -> list[str]:
+    """Where a notebook's markdown, outside the collapsed <details> blocks, says "look up"."""
+    visible = DETAILS.sub("", text)
+    return [visible[m.start():m.end() + 40] for m in LOOK_UP.finditer(visible)]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_every_notebooks_hints_ask_first_and_keep_the_code_for_the_last_tier(notebook: str) -> None:
+    faults = _tier_faults(_markdown(notebook))
+    assert not faults, f"{notebook}: {faults}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_no_notebook_names_the_api_to_look_up_where_it_shows(notebook: str) -> None:
+    told = _visible_pointers(_markdown(notebook))
+    assert not told, f"{notebook} tells the learner which API to use outside its hints: {told}"
+
+
+GOOD_TIERS = ("<details><summary>Hint 1: a question</summary>\n\nWhich rank holds the sum?\n</details>\n"
+              "<details><summary>Hint 2: the idea</summary>\n\nAn all-reduce (`dist.all_reduce`) sums in place.\n"
+              "</details>\n<details><summary>Hint 3: the shape of the code</summary>\n\n"
+              "```python\ndist.all_reduce(part)\n```\n</details>\n")
+
+
+def test_the_tier_check_finds_hints_that_tell_first_or_show_code_early() -> None:
+    """The rules above, on made-up hints: the good set passes; an idea in tier 1, code in tier 1
+    or 2 (a block, a call with its arguments, a keyword argument), tiers out of order or missing,
+    an open tier, and "look up" outside the tiers each fail."""
+    assert _tier_faults(GOOD_TIERS * 2) == []
+    tells = GOOD_TIERS.replace("Which rank holds the sum?", "An all-reduce gives every rank the sum.")
+    assert any("tier 1" in f for f in _tier_faults(tells))
+    assert any("tier 1" in f for f in _tier_faults(GOOD_TIERS.replace("holds the sum?", "holds it?\n```\nx\n```")))
+    for code in ("`dist.all_reduce(part)`", "`dist.all_reduce(\npart)`", "`async_op=True`", "```\nx\n```"):
+        assert any("tier 2" in f for f in _tier_faults(GOOD_TIERS.replace("`dist.all_reduce`", code))), code
+    assert _tier_faults(GOOD_TIERS.replace("`dist.all_reduce`", "`dist.get_world_size()`, `(a, b)`")) == []
+    assert _tier_faults(GOOD_TIERS.replace("Hint 1", "Hint 0"))
+    assert _tier_faults(GOOD_TIERS + GOOD_TIERS.split("<details><summary>Hint 3")[0])
+    assert _tier_faults(GOOD_TIERS.replace("<details>", "<details open>", 1))
+    assert _visible_pointers("Sum it. The API to LOOK\nup: `dist.all_reduce`.\n" + GOOD_TIERS)
+    assert not _visible_pointers("Sum it.\n" + GOOD_TIERS.replace("An all-reduce", "Look up: an all-reduce"))

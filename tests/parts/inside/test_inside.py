@@ -131,16 +131,3 @@ def test_the_sharding_pictures_draw_every_stage_and_rank() -> None:
     fig = inside.state_shares({1: [1.0], 2: [0.52, 0.48], 3: [0.46, 0.29, 0.25]})
     (ax,) = fig.axes
     assert sum(len(c.get_offsets()) for c in ax.collections) == 6
-
-
-def test_notebook_21s_hints_ask_first_and_keep_the_code_for_the_last_tier() -> None:
-    """Each item's hints: tier 1 a question, tier 2 the idea without code, tier 3 near-code."""
-    cells = json.loads((ROOT / "notebooks" / "21_sharding.ipynb").read_text())["cells"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    tiers = re.findall(r"<details><summary>Hint (\d): ([^<]*)</summary>(.*?)</details>", text, re.S)
-    assert [t[0] for t in tiers] == ["1", "2", "3"] * 2, [t[:2] for t in tiers]
-    for number, _, body in tiers:
-        if number == "1":
-            assert "?" in body and "```" not in body, body
-        if number == "2":
-            assert "```" not in body and "dist." not in body and "=" not in body, body

@@ -421,6 +421,21 @@ EXERCISE_MISTAKES += [
     Mistake("hang_validation_mean_of_means", "hang_validation", (  # the shards are uneven: 19 and 18 samples
         (HANG_SUMS, "    means = sums[:2] / sums[2]\n    dist.all_reduce(means)\n    means /= dist.get_world_size()\n"
                     "    model.train()\n    return means[0].item(), means[1].item()\n"),), "but one process gives"),
+    Mistake("hang_validation_own_shard_only", "hang_validation", (  # no collective left: rank 0 prints its shard's
+        ("    dist.all_reduce(sums)  # once, after the loop: every rank has made the same calls, however many batches\n",
+         ""),), "but one process gives"),
+    Mistake("hang_validation_shards_taken_as_even", "hang_validation", (  # rank 0's count times 2: 38, not 37
+        ("    dist.all_reduce(sums)  # once, after the loop: every rank has made the same calls, however many batches\n",
+         "    count = sums[2] * world_size  # every shard as large as this one\n    dist.all_reduce(sums)\n"),
+        ("    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()\n",
+         "    return (sums[0] / count).item(), (sums[1] / count).item()\n")), "but one process gives"),
+    Mistake("hang_finishes_validation_left_in_the_loop", "hang_finishes", (  # the checkpoint fixed, not the validation
+        ("        sums += torch.stack([", "        batch = torch.stack(["),
+         ("    dist.all_reduce(sums)  # once, after the loop: every rank has made the same calls, however many batches\n",
+          ""),
+         ("(logits.argmax(dim=1) == y).sum().float(), torch.tensor(float(len(y)))])\n",
+          "(logits.argmax(dim=1) == y).sum().float(), torch.tensor(float(len(y)))])\n"
+          "        dist.all_reduce(batch)\n        sums += batch\n")), "in dist.all_reduce()"),
     Mistake("hang_skip_decided_per_rank", "hang_same_steps", (  # no hang, but the ranks pair different batches
         (HANG_VOTE, "        if not torch.isfinite(loss):\n"),), "the ranks made 22 optimizer steps each, but one process makes 20"),
     Mistake("hang_skip_min_vote", "hang_same_steps", (  # skips only when every rank's loss is bad: trains on NaN

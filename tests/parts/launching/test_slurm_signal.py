@@ -41,7 +41,7 @@ def _signalled(slurm: Slurm, tmp_path: Path, batch: Path, *args: str | Path, sca
             assert time.monotonic() < deadline, f"the tasks never started: {output.read_text() if output.exists() else ''}"
             time.sleep(0.1)
         subprocess.run(["scancel", "--signal=USR1", *scancel, job], env=env, check=True, timeout=30)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # on a loaded machine SLURM may take KillWait and more to end a step
         while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, env=env, timeout=30).stdout.strip():
             assert time.monotonic() < deadline, f"the job did not end: {output.read_text()}"
             time.sleep(0.2)
@@ -97,7 +97,9 @@ def test_with_b_only_the_batch_shell_is_signalled_and_without_a_trap_it_dies(slu
 def test_torchrun_by_default_dies_of_sigusr1(slurm: Slurm, tmp_path: Path) -> None:
     """The one-torchrun-per-node launch: torchrun handles SIGTERM, SIGINT, SIGHUP and SIGQUIT only
     (its --signals-to-handle), so the step's task, torchrun itself, is ended by SIGUSR1."""
-    step = f"srun --ntasks-per-node=1 torchrun --nproc-per-node {TASKS} {DEMO} --checkpoint {tmp_path / 'ckpt.json'}"
+    # one torchrun (--ntasks=1: the job's TASKS slots are its workers), so that every worker has
+    # started, its handler set, before the signal: a second torchrun could still be starting its own
+    step = f"srun --ntasks=1 torchrun --nproc-per-node {TASKS} {DEMO} --checkpoint {tmp_path / 'ckpt.json'}"
     out, _ = _signalled(slurm, tmp_path, _step(tmp_path, step))
     assert "User defined signal 1" in out and "step ended with 0" not in out, out
 

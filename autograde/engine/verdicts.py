@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
 from autograde.engine.run import Run
-from autograde.protocol import decode
+from autograde.protocol import Call, CallsReport, decode
 
 
 class RankReport(Protocol):
@@ -95,3 +95,14 @@ def rank_reports(run: Run, report_type: type[R], hint: str) -> list[R]:
         require(r.error is None, f"{f'with {r.world_size} processes, rank {r.rank}: ' if r.world_size > 1 else ''}"
                 f"{r.error}", hint)
     return reports
+
+
+def function_calls(run: Run) -> list[Call]:
+    """What each call of a CallsTask's run gave, in order (the learner's plain functions, called in a
+    process of their own), judged first for a run that reported nothing, then for a file that does not
+    import."""
+    reports = (run.report or {}).get("ranks", [])
+    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
+    report = decode(CallsReport, reports[0])
+    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
+    return report.calls

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from autograde.engine.run import Run
-from autograde.engine.verdicts import require, run_ok
+from autograde.engine.verdicts import function_calls, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.inside.reports import StagesReport, StagesTask
-from autograde.protocol import CallsReport, CallsTask, ProcessTrace, decode
+from autograde.protocol import CallsTask, ProcessTrace, decode
 
 STAGES_RUNS = RunKind("stages")
 BUBBLE_RUNS = RunKind("bubble")
@@ -385,11 +385,7 @@ def check_bubble(ws: Workspace) -> str:
     share counted on 1F1B's and interleaved 1F1B's orders (`ideal_bubble`: equal passes, free messages)."""
     calls = [["bubble_fraction", [s, m] if v == 1 else [s, m, v]] for s, m, v in BUBBLE_CASES]
     run = ws.called(BUBBLE_RUNS, "calls", "calls of bubble_fraction", CallsTask(script=str(ws.script), calls=calls))
-    ranks = (run.report or {}).get("ranks", [])
-    require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, ranks[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    for (s, m, v), call in zip(BUBBLE_CASES, report.calls):
+    for (s, m, v), call in zip(BUBBLE_CASES, function_calls(run)):
         said = f"bubble_fraction({', '.join(map(str, call.args))})"
         require(call.error is None, f"{said} raised {call.error}", "return the idle share of a stage's step, a number")
         value = call.value[0] if isinstance(call.value, list) and len(call.value) == 1 else call.value

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autograde.engine.verdicts import require
+from autograde.engine.verdicts import function_calls, require
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.inside.checks import ZERO_WORLD_SIZES, _zero_reports
 from autograde.parts.inside.reports import ZeroReport
-from autograde.protocol import Call, CallsReport, CallsTask, decode
+from autograde.protocol import Call, CallsTask
 
 ZERO_MEMORY_RUNS = RunKind("zero_memory")
 
@@ -25,11 +25,7 @@ FLOAT32 = 4  # bytes: the zero run's model and its optimizer state are fp32
 def _calls(ws: Workspace, calls: list[tuple[str, list[Any]]]) -> list[Call]:
     run = ws.called(ZERO_MEMORY_RUNS, "calls", "calls of zero1_bytes",
                     CallsTask(script=str(ws.script), calls=[list(c) for c in calls]))
-    ranks = (run.report or {}).get("ranks", [])
-    require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, ranks[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    return report.calls
+    return function_calls(run)
 
 
 def _whole(value: Any) -> int | None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from autograde.engine.verdicts import require
+from autograde.engine.verdicts import function_calls, require
 from autograde.engine.workspace import RunKind, Workspace
-from autograde.protocol import Call, CallsReport, CallsTask, decode
+from autograde.protocol import Call, CallsTask
 
 ELASTIC_RUNS = RunKind("elastic")
 
@@ -59,11 +59,7 @@ def _calls(ws: Workspace) -> list[Call]:
     calls = [[scenario, [epochs, after_epoch]] for scenario, epochs, after_epoch in SCENARIOS]
     run = ws.called(ELASTIC_RUNS, "calls", "calls of node_joins and node_lost",
                     CallsTask(script=str(ws.script), calls=calls))
-    ranks = (run.report or {}).get("ranks", [])
-    require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, ranks[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    return report.calls
+    return function_calls(run)
 
 
 def check_elastic(ws: Workspace) -> str:

@@ -33,10 +33,10 @@ from typing import Iterator
 from autograde.cluster import slurm as slurm_cluster
 from autograde.engine import processes
 from autograde.engine.run import Run
-from autograde.engine.verdicts import NotHere, require, run_ok
+from autograde.engine.verdicts import NotHere, function_calls, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace, task_command
 from autograde.parts.launching.reports import TORCH_VARIABLES, SlurmProbeTask, SlurmTask
-from autograde.protocol import Call, CallsReport, CallsTask, decode, read_reports
+from autograde.protocol import Call, CallsTask, read_reports
 from autograde.settings import SLURM_FAIL
 
 # The kinds of run these checks read (an item's `runs`, items.py)
@@ -211,11 +211,7 @@ def check_slurm_env(ws: Workspace) -> str:
 
 def _judge_slurm_env(ws: Workspace, env: dict[str, str]) -> str:
     run = _calls_run(ws, env)
-    ranks = (run.report or {}).get("ranks", [])
-    require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, ranks[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    calls = iter(report.calls)
+    calls = iter(function_calls(run))
     ports: dict[int, int] = {}
     for job_id, nodelist, hosts, per_node in JOBS:
         tasks = _job_tasks(job_id, nodelist, hosts, per_node)

@@ -11,10 +11,10 @@ import json
 import math
 from typing import Any
 
-from autograde.engine.verdicts import require
+from autograde.engine.verdicts import function_calls, require
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.optimizers.reports import KFAC_LAYERS
-from autograde.protocol import Call, CallsReport, CallsTask, decode
+from autograde.protocol import Call, CallsTask
 
 TRAFFIC_RUNS = RunKind("kfac_traffic")
 
@@ -65,11 +65,7 @@ MISTAKES: dict[str, tuple[dict[str, bool], str, str]] = {
 
 def _calls(ws: Workspace, label: str, calls: list[tuple[str, list[Any]]]) -> list[Call]:
     run = ws.called(TRAFFIC_RUNS, "calls", label, CallsTask(script=str(ws.script), calls=[list(c) for c in calls]))
-    ranks = (run.report or {}).get("ranks", [])
-    require(ranks, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, ranks[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    return report.calls
+    return function_calls(run)
 
 
 def _number(value: Any) -> float | None:

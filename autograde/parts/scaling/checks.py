@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autograde.engine.verdicts import require
+from autograde.engine.verdicts import function_calls, require
 from autograde.engine.workspace import RunKind, Workspace
-from autograde.protocol import Call, CallsReport, CallsTask, decode
+from autograde.protocol import Call, CallsTask
 
 # The kinds of run these checks read (an item's `runs`, items.py)
 SCALING_RUNS = RunKind("scaling")
@@ -28,12 +28,7 @@ SCALING_RUNS = RunKind("scaling")
 def _calls(ws: Workspace, kind: RunKind, label: str, calls: list[tuple[str, list[Any]]]) -> list[Call]:
     """What each call of the learner's functions gave (in order), from one launched process."""
     run = ws.called(kind, "calls", label, CallsTask(script=str(ws.script), calls=[list(c) for c in calls]))
-    ranks = (run.report or {}).get("ranks", [])
-    problem = run.problem()
-    require(ranks, problem or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, ranks[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    return report.calls
+    return function_calls(run)
 
 
 def _number(value: Any) -> float | None:

@@ -23,9 +23,9 @@ from typing import Any
 
 from autograde import data
 from autograde.engine.run import Run
-from autograde.engine.verdicts import require, run_ok
+from autograde.engine.verdicts import function_calls, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace
-from autograde.protocol import CallsReport, CallsTask, ProcessTrace, decode
+from autograde.protocol import CallsTask, ProcessTrace
 from autograde.settings import TRACE_STEPS
 
 # The kinds of run these checks read (an item's `runs`, items.py)
@@ -81,11 +81,7 @@ def _schedule(ws: Workspace, steps: int, per_epoch: int) -> list[Any]:
     """What large_batch_lr(step, per_epoch, PROCESSES) returns for every step (an error: a str)."""
     task = CallsTask(script=str(ws.script), calls=[["large_batch_lr", [s, per_epoch, PROCESSES]] for s in range(steps)])
     run = ws.called(SCHEDULE_CALLS, str(steps), "calls of large_batch_lr", task)
-    reports = (run.report or {}).get("ranks", [])
-    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    report = decode(CallsReport, reports[0])
-    require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
-    return [c.value if c.error is None else f"raised {c.error}" for c in report.calls]
+    return [c.value if c.error is None else f"raised {c.error}" for c in function_calls(run)]
 
 
 def _number(value: Any) -> float | None:

@@ -8,7 +8,7 @@ raises `Failed` (through `require`) when it is wrong. It never names its own ite
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from autograde.engine.run import Run
 from autograde.protocol import Call, CallsReport, decode
@@ -106,3 +106,11 @@ def function_calls(run: Run) -> list[Call]:
     report = decode(CallsReport, reports[0])
     require(report.error is None, f"importing the file failed: {report.error}", "the file must import without errors")
     return report.calls
+
+
+def returned_number(value: Any) -> float | None:
+    """A learner's function's JSON return value as a number (a tensor or array of one element comes
+    as a one-element list), or None where it is not one (a bool is not)."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

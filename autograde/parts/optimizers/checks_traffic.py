@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from autograde.engine.verdicts import function_calls, require
+from autograde.engine.verdicts import function_calls, require, returned_number
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.optimizers.reports import KFAC_LAYERS
 from autograde.protocol import Call, CallsTask
@@ -68,12 +68,6 @@ def _calls(ws: Workspace, label: str, calls: list[tuple[str, list[Any]]]) -> lis
     return function_calls(run)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _show(x: float) -> str:
     return f"{x:,.0f}" if x == round(x) else f"{x:,.2f}"
 
@@ -94,7 +88,7 @@ def check_kfac_traffic(ws: Workspace) -> str:
         shown = f"kfac_floats_per_step({json.dumps(call.args[0])}, {n}, {k}, {steps})"
         require(call.error is None, f"{shown} raised {call.error}", "make kfac_floats_per_step work on any "
                 "layers, world size, update_freq and number of steps")
-        got, want = _number(call.value), floats_per_step(layers, n, k, steps)
+        got, want = returned_number(call.value), floats_per_step(layers, n, k, steps)
         require(got is not None, f"{shown} gave {json.dumps(call.value)[:80]}, not a number", "return the mean "
                 "floats a step, a number")
         assert got is not None

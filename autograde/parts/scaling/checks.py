@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autograde.engine.verdicts import function_calls, require
+from autograde.engine.verdicts import function_calls, require, returned_number
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.protocol import Call, CallsTask
 
@@ -29,12 +29,6 @@ def _calls(ws: Workspace, kind: RunKind, label: str, calls: list[tuple[str, list
     """What each call of the learner's functions gave (in order), from one launched process."""
     run = ws.called(kind, "calls", label, CallsTask(script=str(ws.script), calls=[list(c) for c in calls]))
     return function_calls(run)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _close(a: float, b: float, tolerance: float) -> bool:
@@ -82,11 +76,11 @@ def _by_n(value: Any, ns: list[int]) -> dict[int, float] | None:
     """A returned {N: x} (a dict, or a list in increasing N) as {N: float}, else None."""
     if isinstance(value, dict):
         try:
-            found = {int(k): _number(v) for k, v in value.items()}
+            found = {int(k): returned_number(v) for k, v in value.items()}
         except ValueError:
             return None
     elif isinstance(value, list) and len(value) == len(ns):
-        found = {n: _number(v) for n, v in zip(sorted(ns), value)}
+        found = {n: returned_number(v) for n, v in zip(sorted(ns), value)}
     else:
         return None
     return None if set(found) != set(ns) or any(v is None for v in found.values()) else found  # type: ignore[return-value]
@@ -109,7 +103,7 @@ def _half_problem(params: Sequence[float], max_n: int | None, returned: Any) -> 
     """What is wrong with half_efficiency's answer for these parameters, or None."""
     want = half_point(params, max_n or 1024)
     shown = f"half_efficiency(({', '.join(f'{x:.4g}' for x in params)}){f', {max_n}' if max_n else ''})"
-    got = _number(returned)
+    got = returned_number(returned)
     if returned is None and want is None:
         return None
     if got is not None and want is not None and got == want:
@@ -157,7 +151,7 @@ def check_scaling(ws: Workspace) -> str:
         return call.value
 
     for epochs in LOGS:
-        got, later = _number(value(next(found))), epochs[1:] or epochs
+        got, later = returned_number(value(next(found))), epochs[1:] or epochs
         want = sum(later) / len(later)
         require(got is not None and _close(got, want, TOLERANCE),
                 f"epoch_time of a log with epoch times {', '.join(map(str, epochs))} s gave {got}; the mean without "
@@ -177,7 +171,7 @@ def check_scaling(ws: Workspace) -> str:
                         f"N = {n}; {formula} is {expected[n]:.4g}", f"{name}(N) = {formula}")
         fitted = value(next(found))
         want_fit = time_model(study)
-        got_fit = [_number(v) for v in fitted] if isinstance(fitted, list) and len(fitted) == 3 else None
+        got_fit = [returned_number(v) for v in fitted] if isinstance(fitted, list) and len(fitted) == 3 else None
         scale = max(study.values())
         require(got_fit is not None and all(g is not None and abs(g - w) <= 1e-4 * scale
                                              for g, w in zip(got_fit, want_fit)),
@@ -190,7 +184,7 @@ def check_scaling(ws: Workspace) -> str:
     for study in STUDIES:
         params = time_model(study)
         returned = value(next(found))
-        got, want = _number(returned), model_time(params, PREDICT_AT)
+        got, want = returned_number(returned), model_time(params, PREDICT_AT)
         require(got is not None and _close(got, want, TOLERANCE),
                 f"predict_time(({', '.join(f'{x:.4g}' for x in params)}), {PREDICT_AT}) gave "
                 f"{f'{got:.4g}' if got is not None else returned!r}; "

@@ -23,7 +23,7 @@ from typing import Any
 
 from autograde import data
 from autograde.engine.run import Run
-from autograde.engine.verdicts import function_calls, require, run_ok
+from autograde.engine.verdicts import function_calls, require, returned_number, run_ok
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.protocol import CallsTask, ProcessTrace
 from autograde.settings import TRACE_STEPS
@@ -84,12 +84,6 @@ def _schedule(ws: Workspace, steps: int, per_epoch: int) -> list[Any]:
     return [c.value if c.error is None else f"raised {c.error}" for c in function_calls(run)]
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _mismatch(ws: Workspace, used: list[float]) -> str | None:
     """The first step whose rate is not the one large_batch_lr gives, said in a sentence, or None."""
     per_epoch = len(used) // BUDGET
@@ -97,12 +91,12 @@ def _mismatch(ws: Workspace, used: list[float]) -> str | None:
         return f"{len(used)} optimizer steps in {BUDGET} epochs: not the same number in each epoch"
     said = _schedule(ws, len(used), per_epoch)
     for step, (rate, value) in enumerate(zip(used, said)):
-        number = _number(value)
+        number = returned_number(value)
         if number is None:
             return f"large_batch_lr({step}, {per_epoch}, {PROCESSES}) {value if isinstance(value, str) else f'returned {value!r}'}"
         if not math.isclose(rate, number, rel_tol=TOLERANCE, abs_tol=1e-12):
             wrong = sum(not math.isclose(r, n, rel_tol=TOLERANCE, abs_tol=1e-12)
-                        for r, n in zip(used, (_number(v) for v in said)) if n is not None)
+                        for r, n in zip(used, (returned_number(v) for v in said)) if n is not None)
             return (f"optimizer step {step} used the rate {rate:.6g}, while large_batch_lr({step}, {per_epoch}, "
                     f"{PROCESSES}) says {number:.6g} ({wrong} of the {len(used)} steps differ)")
     return None

@@ -57,6 +57,7 @@ def class_env(user: str) -> dict[str, str]:
     home = Path(pwd.getpwnam(user).pw_dir)
     env = {
         "PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "PYTHONPATH": str(s.course),  # the settings' course is the autograde every kernel and check imports
         course_settings.ROLE: s.role(user),
         course_settings.CLASS_COURSE: str(s.course),  # what start.py copies and builds the instructor's sources from
         course_settings.DATA_DIR: str(s.data_dir),

@@ -12,6 +12,7 @@ The folder is $DDP_LAB_CACHE_DIR, or ddp-lab-verdicts-<uid> in the system's temp
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -22,6 +23,21 @@ from pathlib import Path
 from autograde import settings
 from autograde.engine import code
 from autograde.engine.verdicts import Result
+
+_key: bytes | None = None  # sign_with(): verdicts on disk are signed, and only signed ones are read
+
+
+def sign_with(key: bytes) -> None:
+    """Sign every verdict kept from now on with `key`, and read only verdicts signed with it: in the
+    grading sandbox, where the learner's processes run as the checker's user and could otherwise
+    write a verdict of their own into the folder (they never see the key)."""
+    global _key
+    _key = key
+
+
+def _mac(path: Path, text: str) -> str:
+    assert _key is not None
+    return hmac.new(_key, f"{path.name}\n{text}".encode(), hashlib.sha256).hexdigest()
 
 
 def folder() -> Path:
@@ -50,7 +66,13 @@ def runs_file(script: Path, procs_per_node: int, nodes: int, devices: str) -> Pa
 def load(script: Path, procs_per_node: int, nodes: int, devices: str) -> dict[str, Result]:
     """The verdicts known for this exact script and layout (none when unreadable)."""
     try:
-        stored = json.loads(_file(script, procs_per_node, nodes, devices).read_text())
+        path = _file(script, procs_per_node, nodes, devices)
+        text = path.read_text()
+        if _key is not None:
+            mac, _, text = text.partition("\n")
+            if not hmac.compare_digest(mac, _mac(path, text)):
+                return {}
+        stored = json.loads(text)
         return {step: Result(**fields) for step, fields in stored.items()}
     except (OSError, ValueError, TypeError):
         return {}
@@ -62,7 +84,8 @@ def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({step: asdict(r) for step, r in verdicts.items()}))
+        text = json.dumps({step: asdict(r) for step, r in verdicts.items()})
+        partial.write_text(f"{_mac(target, text)}\n{text}" if _key is not None else text)
         partial.replace(target)
     except OSError:
         pass  # a read-only or full disk only costs new runs next time

@@ -113,6 +113,34 @@ def fresh_verdicts(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["DDP_LAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("verdicts"))
 
 
+@pytest.fixture(scope="session")
+def grading_sandbox() -> Iterator[None]:
+    """Grading runs each submission as ddp-lab-grader in bubblewrap (autograde/course/sandbox.py), which
+    must reach the course and its Python: the folders on the way that are closed to other users (here
+    /root, where pyenv keeps Python) are opened for the session and closed again. Skips, saying why,
+    where the sandbox cannot be made (not root and no sudo rule, no bubblewrap)."""
+    import stat
+
+    from autograde.course import sandbox
+    from autograde.course.hub.settings import closed_folders
+
+    opened: list[tuple[Path, int]] = []
+    if os.geteuid() == 0:
+        for path in (ROOT / "autograde", Path(sys.executable).resolve(), Path(sys.base_prefix)):
+            for folder in closed_folders(path):
+                opened.append((folder, stat.S_IMODE(folder.stat().st_mode)))
+                folder.chmod(stat.S_IMODE(folder.stat().st_mode) | 0o001)
+    try:
+        try:
+            sandbox.ready()
+        except sandbox.SandboxError as err:
+            pytest.skip(f"no grading sandbox here: {err}")
+        yield
+    finally:
+        for folder, mode in reversed(opened):
+            folder.chmod(mode)
+
+
 def snapshot(step: int) -> Path:
     return SOLUTIONS / f"fashion_mnist_after_step_{step}.py"
 

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     make_grade = commands.add_parser("grade", help="autograde submitted/, write feedback/, export grades.csv")
     make_grade.add_argument("--jobs", type=_positive, default=None, metavar="N",
                             help="learners graded at once (default: one per core)")
+    make_grade.add_argument("--notebook", default=None, metavar="PATTERN",
+                            help="grade only these notebooks (e.g. 03_steps_0_to_2; default: every graded one)")
     make_scores = commands.add_parser("scores", help="feedback/ and grades.csv again from the gradebook, without "
                                       "autograding (after grading answers by hand in the formgrader)")
     subcommands = [make_release, make_grade, make_scores]
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "release":
             release(args.rev, args.part)
         elif args.command == "grade":
-            grade(args.part, args.jobs)
+            grade(args.part, args.jobs, args.notebook)
         elif args.command == "scores":
             scores(args.part)
         else:

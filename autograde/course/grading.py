@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import secrets
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from autograde import settings
+from autograde.course import sandbox
 from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, is_answer, root, step_of
-from autograde.course.nbgrader_run import LogFilter, nbgrader
+from autograde.course.nbgrader_run import LogFilter, NbgraderFailed, nbgrader
 from autograde.grading import registry
 
 
@@ -140,19 +142,39 @@ def jobs(students: int, asked: int | None = None) -> int:
     return max(1, min(students, asked or os.cpu_count() or 1))
 
 
-def _autograde_one(part: str, student: str, log: LogFilter, prefix: str) -> float:
-    """Autograde one learner's submission; the seconds it took. Its checks keep their verdicts in a
-    folder of its own, so no verdict or run of one learner is ever read for another."""
+SANDBOX_NOTE = re.compile(r"sandbox: (.*)|(\S+): (\d+ cell\(s\) the learner added are not run)|"
+                          r"Removing failed notebook: .*/([^/]+)\.ipynb")
+
+
+def sandbox_notes(output: str) -> list[str]:
+    """What grading one learner's submission met, from nbgrader's log: the sandbox's limits, cells the
+    learner added, notebooks whose grading failed (they count 0)."""
+    notes = []
+    for line in output.splitlines():
+        match = SANDBOX_NOTE.search(line)
+        if match:
+            notes.append(match[1] or (f"{match[2]}: {match[3]}" if match[2] else f"{match[4]}: grading failed, 0 points"))
+    return list(dict.fromkeys(notes))
+
+
+def _autograde_one(part: str, student: str, log: LogFilter, prefix: str, notebooks: str) -> tuple[float, list[str]]:
+    """Autograde one learner's submission, its notebooks' kernels in the sandbox (sandbox.py); the
+    seconds it took and what the sandbox met. A submission whose grading fails counts 0 for the
+    notebooks that failed and stops nobody else's."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"ddp-lab-grade-{student}-") as verdicts:
-        nbgrader("autograde", part, f"--student={student}", f"--notebook={registry.PART[part].graded}", "--force",
-                 log=log, prefix=prefix, env={settings.CACHE_DIR: verdicts})
-    return time.monotonic() - started
+        try:  # the learner's verdicts: a folder of their own, signed with a key of their own
+            output = nbgrader("autograde", part, f"--student={student}", f"--notebook={notebooks}", "--force",
+                              log=log, prefix=prefix, env={sandbox.VERDICTS: verdicts, sandbox.KEY: secrets.token_hex(32)})
+        except CourseError as err:
+            output = err.output if isinstance(err, NbgraderFailed) else str(err)
+    return time.monotonic() - started, sandbox_notes(output)
 
 
-def grade(part: str = registry.FIRST, at_once: int | None = None) -> Path:
+def grade(part: str = registry.FIRST, at_once: int | None = None, notebooks: str | None = None) -> Path:
     """Autograde every submission of the part, several learners at once (`jobs`), write feedback,
-    export grades.csv, print the scores and each learner's grading time; return the CSV."""
+    export grades.csv, print the scores and each learner's grading time; return the CSV. `notebooks`:
+    only these graded notebooks (nbgrader's --notebook pattern; default every one that holds grade cells)."""
     submitted = root() / "submitted"
     students = sorted(p.parent.name for p in submitted.glob(f"*/{part}"))
     if not students:
@@ -160,6 +182,7 @@ def grade(part: str = registry.FIRST, at_once: int | None = None) -> Path:
                           f"(`make collect` does from the exchange)")
     if not (root() / "source" / part).is_dir():
         raise CourseError("no source assignment: run `make release` first")
+    sandbox.ready()  # refused here, with one line, where a learner's code would run as you
     at_once = jobs(len(students), at_once)
     # Only the step notebooks hold grade cells; running the others (training runs, plots) adds
     # minutes per learner and no points.
@@ -170,18 +193,22 @@ def grade(part: str = registry.FIRST, at_once: int | None = None) -> Path:
     width = max(len(s) for s in students)
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         took = {student: pool.submit(_autograde_one, part, student, logs[student],
-                                     f"{student:<{width}} | " if at_once > 1 else "")
+                                     f"{student:<{width}} | " if at_once > 1 else "",
+                                     notebooks or registry.PART[part].graded)
                 for student in students}
-        seconds = {student: future.result() for student, future in took.items()}
+        done = {student: future.result() for student, future in took.items()}
+    seconds = {student: took_s for student, (took_s, _) in done.items()}
+    notes = {student: found for student, (_, found) in done.items() if found}
     log = LogFilter()
     for each in logs.values():
         log.add(each)
     if log.summary():
         print(log.summary())
-    return scores(part, seconds)
+    return scores(part, seconds, notes)
 
 
-def scores(part: str = registry.FIRST, seconds: Mapping[str, float] | None = None) -> Path:
+def scores(part: str = registry.FIRST, seconds: Mapping[str, float] | None = None,
+           notes: Mapping[str, list[str]] | None = None) -> Path:
     """Write the feedback, export grades.csv (with the points still to grade by hand) and print the
     scores from the gradebook as it is: after `grade`, and again after grading answers by hand."""
     if not (root() / "gradebook.db").is_file():
@@ -191,6 +218,8 @@ def scores(part: str = registry.FIRST, seconds: Mapping[str, float] | None = Non
     nbgrader("export", f"--to={export}")
     mark_pending(export)
     print(summary(outcomes(part), seconds))
+    for student, found in sorted((notes or {}).items()):
+        print(f"{student}: {'; '.join(found)}")
     print(f"grades: {export}; feedback: {root() / 'feedback'}/<student>/{part}/ "
           f"(`make return-feedback` hands it back through the exchange)")
     return export

@@ -29,3 +29,25 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 from autograde.course.assignment import ANSWER_TEXT  # noqa: E402
 
 c.ClearSolutions.text_stub = ANSWER_TEXT
+
+# Every submission graded in a sandbox (autograde/course/sandbox.py): the notebook's kernel as an
+# unprivileged user in bubblewrap, with the course's own cells (the learner's answers kept).
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties,
+    CheckCellMetadata,
+    ClearOutput,
+    DeduplicateIds,
+    IgnorePattern,
+    LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
+    SaveAutoGrades,
+)
+
+from autograde.course import sandbox  # noqa: E402
+
+c.Autograde.sanitize_preprocessors = [ClearOutput, sandbox.RestoreCourseCells, DeduplicateIds, OverwriteKernelspec,
+                                      OverwriteCells, CheckCellMetadata]
+c.Autograde.autograde_preprocessors = [sandbox.SandboxedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                       SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

@@ -37,6 +37,14 @@ def released_checksums() -> dict[str, str]:
     return sums
 
 
+class NbgraderFailed(CourseError):
+    """An nbgrader command that failed; `output` is all it printed."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
 class LogFilter:
     """Passes nbgrader's output through, without the lines known to be harmless, which it counts.
 
@@ -106,5 +114,5 @@ def nbgrader(*args: str, log_level: str = "WARN", log: LogFilter | None = None, 
         print(log.summary())
     if proc.returncode != 0:
         last = next((line.strip() for line in reversed(seen) if line.strip() and log.keep(line)), "(no output)")
-        raise CourseError(f"nbgrader {args[0]} failed (exit status {proc.returncode}): {last}")
+        raise NbgraderFailed(f"nbgrader {args[0]} failed (exit status {proc.returncode}): {last}", "".join(seen))
     return "".join(seen)

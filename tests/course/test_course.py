@@ -224,7 +224,8 @@ def release_and_grade(folder: Path, part_id: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def later_parts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Path]]]:
+def later_parts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                grading_sandbox: None) -> Iterator[dict[str, Future[Path]]]:
     """The later parts this session tests, each released and graded in a folder of its own, two at a
     time: grading one runs its notebooks one after another, on about one core. Each test waits for
     its own part, so none is left running once they have ended."""
@@ -288,7 +289,7 @@ LEARNERS_ANSWER = "Rank 0 waits in init_process_group until its timeout: 1 of 2 
 
 @pytest.mark.launch
 def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_hand(
-        clone: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        clone: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], grading_sandbox: None) -> None:
     """A notebook with an answer cell, released and graded with nbgrader for real: the student
     version keeps the cell for the learner to write in, autograding keeps the learner's answer and
     leaves it to the instructor (pending, not 0 of 1; one left as it was gets 0), and once it is graded by hand (as the

@@ -75,7 +75,7 @@ class Course:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> Course:
+def graded(tmp_path_factory: pytest.TempPathFactory, grading_sandbox: None) -> Course:
     base = tmp_path_factory.mktemp("exchange_course")
     root, exchange = base / "course", base / "exchange"
     exchange.mkdir()

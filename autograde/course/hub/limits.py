@@ -72,6 +72,17 @@ class Cgroup:
         return 0
 
 
+    def refused_forks(self) -> int:
+        """How many times a new process was refused here for the process limit."""
+        for folder in self.folders:
+            path = folder / "pids.events"
+            if path.is_file():
+                for line in path.read_text().splitlines():
+                    if line.split()[:1] == ["max"]:
+                        return int(line.split()[1])
+        return 0
+
+
 def cgroup_version() -> int:
     """2 for the unified hierarchy, 1 for v1's memory/cpu/pids, 0 when neither can be written here."""
     if (CGROUP_ROOT / "cgroup.controllers").is_file():

@@ -1,0 +1,232 @@
+"""Solutions withheld, for real: Unix users (a learner and an instructor, `ddpw-`), a copy of the course
+with its history, and what the hub does when it starts (`withheld.withhold`) done to it, as root.
+The learner cannot read the checkout's solutions/, tests/, history or grading/, gets the step
+checkpoints and no solution in the first login's copy, catches up from a checkpoint and runs checks
+(one that reads the source, one that launches processes); the instructor reads everything and
+releases a part's solutions through nbgrader's exchange, which the learner could not fetch before
+and fetches after, and whose solution then passes its check, run as the learner.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from classhub import ClassHub
+from conftest import ROOT
+
+from autograde import settings
+from autograde.course import assignment, withheld
+from autograde.course.hub import start
+from autograde.engine import processes
+
+pytestmark = [pytest.mark.launch,
+              pytest.mark.skipif(os.geteuid() != 0, reason="makes Unix users and a group: run as root")]
+
+TEACHER, ADA = "ddpw-teacher", "ddpw-ada"
+GROUP = "ddpw-instructors"  # this test's own instructors' group (the class's setting instructors_group)
+PART = "processes_talk"
+CLOSED = ["solutions", "solutions/ring_allreduce.py", "solutions/compute_pi.py", "tests", "tests/exercise_styles.py",
+          "tests/styles", "tests/recorded", ".git", ".git/HEAD", ".git/objects", "grading"]
+OPEN = ["solutions/fashion_mnist_after_step_3.py", "solutions/fashion_mnist_after_step_10.py", "autograde",
+        "autograde/grading/registry.py", "notebooks", "notebooks/13_ring_allreduce.ipynb", "exercises/compute_pi.py",
+        "fashion_mnist.py", "README.md"]
+# Run as a class member: which of `paths` (relative to the course) they may read (a folder: list).
+PROBE = """import json, os, sys
+course, found = sys.argv[1], {}
+for path in sys.argv[2:]:
+    full = os.path.join(course, path)
+    try:
+        os.listdir(full) if os.path.isdir(full) else open(full, "rb").read(1)
+        found[path] = "read"
+    except OSError as err:
+        found[path] = type(err).__name__
+print(json.dumps(found))
+"""
+
+
+@dataclass
+class Class:
+    hub: ClassHub
+    course: Path
+    said: str  # withhold's line
+
+    def home(self, user: str) -> Path:
+        return Path(pwd.getpwnam(user).pw_dir)
+
+    def run(self, user: str, *command: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        """`command` as `user` (runuser: their own groups), with the environment a class member's server
+        gives (spawners.class_env) and nothing of this test's."""
+        home = self.home(user)
+        base = {"HOME": str(home), "USER": user, "PATH": f"{Path(processes.PYTHON).parent}:/usr/bin:/bin",
+                "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(self.course),
+                settings.CLASS_COURSE: str(self.course), settings.DATA_DIR: str(self.hub.data),
+                settings.EXCHANGE: str(self.hub.exchange),
+                settings.CACHE_DIR: str(home / ".ddp-lab-verdicts")}  # in the home: no verdict of an earlier run's user
+        assignments = [f"{k}={v}" for k, v in {**base, **env}.items()]
+        return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *assignments, *command],
+                              cwd=cwd or home, capture_output=True, text=True, timeout=300)
+
+    def python(self, user: str, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.run(user, processes.PYTHON, *args, cwd=cwd, **env)
+
+    def reads(self, user: str, paths: list[str]) -> dict[str, str]:
+        done = self.python(user, "-c", PROBE, str(self.course), *paths)
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+
+def copy_of_the_course(folder: Path) -> Path:
+    """The course's files as they are here (tracked, and new ones not ignored), with a history of its own
+    that holds its solutions: what a class's checkout is."""
+    course = folder / "course"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (course / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, course / name)
+    git = ["git", "-C", str(course), "-c", "user.name=course", "-c", "user.email=course@example.org"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the course"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    for path in [course, *course.rglob("*")]:  # as a clone by root with umask 022 would be
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    return course
+
+
+@pytest.fixture(scope="module")
+def a_class(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Class]:
+    hub = ClassHub(tmp_path_factory.mktemp("withheld"), [TEACHER], [ADA])  # its users, data and exchange; no hub
+    try:
+        course = copy_of_the_course(hub.folder)
+        hub.add_users()
+        hub.open_course()
+        said = withheld.withhold(course, GROUP, [TEACHER])
+        yield Class(hub, course, said)
+    finally:
+        hub.remove()
+        subprocess.run(["groupdel", GROUP], capture_output=True)
+    assert not hub.leftovers()
+
+
+def modes(course: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.lstat().st_mode, p.lstat().st_gid) for top in ("solutions", "tests", ".git", "grading")
+            for p in [course / top, *(course / top).rglob("*")]}
+
+
+def test_the_hub_withholds_in_one_line_and_again_changes_nothing(a_class: Class) -> None:
+    assert a_class.said.startswith(f"withheld from learners in {a_class.course}: solutions/, tests/, .git/, grading/")
+    assert f"group {GROUP} ({TEACHER})" in a_class.said and "\n" not in a_class.said
+    before = modes(a_class.course)
+    assert withheld.withhold(a_class.course, GROUP, [TEACHER]) == a_class.said
+    assert modes(a_class.course) == before
+
+
+def test_a_learner_cannot_read_the_solutions_tests_history_or_grading(a_class: Class) -> None:
+    found = a_class.reads(ADA, CLOSED + OPEN)
+    assert {p: found[p] for p in CLOSED} == {p: "PermissionError" for p in CLOSED}
+    assert {p: found[p] for p in OPEN} == {p: "read" for p in OPEN}
+    history = a_class.run(ADA, "git", "-C", str(a_class.course), "log", "--oneline")
+    assert history.returncode != 0 and "the course" not in history.stdout
+
+
+def test_the_instructor_reads_everything(a_class: Class) -> None:
+    found = a_class.reads(TEACHER, CLOSED + OPEN)
+    assert found == {p: "read" for p in CLOSED + OPEN}
+
+
+def test_the_learners_first_login_copy_holds_the_step_checkpoints_and_no_solution(a_class: Class) -> None:
+    done = a_class.python(ADA, "-m", "autograde.course.hub.start", **{settings.ROLE: "learner"})
+    assert done.returncode == 0 and "first login: the course copied into" in done.stdout, done.stderr
+    copy = a_class.home(ADA) / start.COPY
+    assert sorted(f"solutions/{p.name}" for p in (copy / "solutions").iterdir()) == sorted(withheld.step_checkpoints())
+    secrets = {(a_class.course / s).read_bytes() for s in withheld.solutions_of()}
+    assert not [p for p in copy.rglob("*") if p.is_file() and p.read_bytes() in secrets]
+
+
+def test_the_learner_catches_up_from_a_checkpoint_and_runs_checks(a_class: Class) -> None:
+    copy = a_class.home(ADA) / start.COPY
+    if not copy.is_dir():
+        a_class.python(ADA, "-m", "autograde.course.hub.start")
+    caught_up = a_class.run(ADA, "cp", "solutions/fashion_mnist_after_step_0.py", "fashion_mnist.py", cwd=copy)
+    assert caught_up.returncode == 0, caught_up.stderr
+    step_0 = a_class.python(ADA, "-m", "autograde", "check", "--step", "0", cwd=copy)
+    assert step_0.returncode == 0 and "Step 0" in step_0.stdout and "pass" in step_0.stdout, step_0.stdout + step_0.stderr
+    # a check that launches the learner's exercise in processes of its own: the starter's verdict, no error
+    pi = a_class.python(ADA, "-m", "autograde", "check", "--step", "pi", "--script", "exercises/compute_pi.py", cwd=copy)
+    assert pi.returncode == 1 and "FAIL" in pi.stdout and "# TODO pi" in pi.stdout, pi.stdout + pi.stderr
+    assert "Error" not in pi.stdout + pi.stderr
+
+
+def test_the_instructor_releases_a_parts_solutions_and_only_then_the_learner_fetches_them(a_class: Class) -> None:
+    name = withheld.solutions_assignment(PART)
+    fetch = [processes.PYTHON, "-m", "nbgrader", "fetch_assignment", name, f"--course={assignment.COURSE_ID}",
+             f"--Exchange.root={a_class.hub.exchange}"]
+    early = a_class.run(ADA, *fetch)
+    assert early.returncode != 0 and not (a_class.home(ADA) / name).exists(), early.stdout + early.stderr
+    assert not any(a_class.hub.exchange.rglob(f"*{name}*"))  # nowhere in the exchange, for anyone
+
+    grading = a_class.home(TEACHER) / "grading"
+    released = a_class.python(TEACHER, "-m", "autograde.course", "release-solutions", "--part", PART,
+                              "--exchange", str(a_class.hub.exchange), **{settings.COURSE_DIR: str(grading)})
+    assert released.returncode == 0, released.stdout + released.stderr
+    assert f"releasing the solutions of {PART} from HEAD" in released.stdout
+    assert f"learners fetch {name}" in released.stdout
+
+    fetched = a_class.run(ADA, *fetch)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    folder = a_class.home(ADA) / name
+    for solution in withheld.solutions_of(PART):
+        assert (folder / Path(solution).name).read_bytes() == (a_class.course / solution).read_bytes()
+    assert (folder / "solutions.ipynb").is_file()
+    # the released solution passes its check, run as the learner
+    copy = a_class.home(ADA) / start.COPY
+    pi = a_class.python(ADA, "-m", "autograde", "check", "--step", "pi", "--script", str(folder / "compute_pi.py"),
+                        cwd=copy if copy.is_dir() else None)
+    assert pi.returncode == 0 and "pass" in pi.stdout, pi.stdout + pi.stderr
+
+
+# What the formgrader's Manage Assignments lists, and what its Generate and Release buttons call
+# (nbgrader's NbGraderAPI, configured as the instructor's server is: ~/nbgrader_config.py and the exchange).
+FORMGRADER = """import json, sys
+from traitlets.config.loader import PyFileConfigLoader
+from nbgrader.apps import NbGraderAPI
+config = PyFileConfigLoader("nbgrader_config.py", path=sys.argv[1]).load_config()
+config.Exchange.root = sys.argv[2]
+api = NbGraderAPI(config=config)
+listed = sorted(a["name"] for a in api.get_assignments())
+generated, released = api.generate_assignment(sys.argv[3]), api.release_assignment(sys.argv[3])
+print(json.dumps({"listed": listed, "generated": generated["success"], "released": released["success"],
+                  "log": generated["log"] + released["log"]}))
+"""
+
+
+def test_the_formgrader_lists_each_parts_solutions_and_releases_them(a_class: Class) -> None:
+    """The instructor's first login builds each part's solutions' assignment beside the part's own
+    (the hub's start.py): the formgrader's Manage Assignments lists them, and its Generate and
+    Release hand them out."""
+    grading = a_class.home(TEACHER) / "grading"
+    first = a_class.python(TEACHER, "-m", "autograde.course.hub.start",
+                           **{settings.ROLE: "instructor", settings.COURSE_DIR: str(grading)})
+    assert first.returncode == 0, first.stdout + first.stderr
+    part = "optimizers"
+    name = withheld.solutions_assignment(part)
+    done = a_class.python(TEACHER, "-c", FORMGRADER, str(a_class.home(TEACHER)), str(a_class.hub.exchange), name,
+                          **{settings.COURSE_DIR: str(grading)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = json.loads(done.stdout.splitlines()[-1])
+    solutions = [withheld.solutions_assignment(p) for p in withheld.parts_with_solutions()]
+    assert set(said["listed"]) >= {*solutions, "ddp_lab", part}, said["listed"]
+    assert said["generated"] and said["released"], said["log"]
+    fetched = a_class.run(ADA, processes.PYTHON, "-m", "nbgrader", "fetch_assignment", name,
+                          f"--course={assignment.COURSE_ID}", f"--Exchange.root={a_class.hub.exchange}")
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    for solution in withheld.solutions_of(part):
+        assert (a_class.home(ADA) / name / Path(solution).name).read_bytes() == (a_class.course / solution).read_bytes()

@@ -189,18 +189,22 @@ def withhold(course: Path, group: str, instructors: list[str]) -> str:
     if not instructors:
         raise CourseError("name at least one instructor: they keep reading what learners may not")
     gid = _group(group, instructors)
-    (course / "grading").mkdir(mode=0o750, exist_ok=True)  # withheld before `make release` writes in it
-    tops = [course / name for name in CHECKOUT if (course / name).exists()] + git_dirs(course)
-    for top in tops:
-        _set(top, gid)
-        if top.is_dir() and not top.is_symlink():
-            for folder, dirs, files in os.walk(top):
-                for name in [*dirs, *files]:
-                    _set(Path(folder) / name, gid)
-    _set(course / SOLUTIONS, gid, opened=0o001)  # others enter, not list: the step checkpoints by name
-    for checkpoint in step_checkpoints():
-        if (course / checkpoint).is_file():
-            _set(course / checkpoint, gid, opened=0o004)
+    tops = [course / name for name in CHECKOUT] + git_dirs(course)
+    try:
+        (course / "grading").mkdir(mode=0o750, exist_ok=True)  # withheld before `make release` writes in it
+        tops = [top for top in tops if top.exists()]
+        for top in tops:
+            _set(top, gid)
+            if top.is_dir() and not top.is_symlink():
+                for folder, dirs, files in os.walk(top):
+                    for name in [*dirs, *files]:
+                        _set(Path(folder) / name, gid)
+        _set(course / SOLUTIONS, gid, opened=0o001)  # others enter, not list: the step checkpoints by name
+        for checkpoint in step_checkpoints():
+            if (course / checkpoint).is_file():
+                _set(course / checkpoint, gid, opened=0o004)
+    except OSError as err:  # a read-only or root-squashed file system
+        raise CourseError(f"cannot withhold {err.filename or course} from learners: {err.strerror}") from None
     named = ", ".join(f"{p.relative_to(course)}/" if p.is_relative_to(course) else str(p) for p in tops)
     return (f"withheld from learners in {course}: {named} (solutions/'s {len(step_checkpoints())} step checkpoints "
             f"stay readable); group {group} ({', '.join(instructors)}) and the owner read them")

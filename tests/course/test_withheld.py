@@ -107,3 +107,32 @@ def test_the_instructors_group_is_a_setting(tmp_path: Path) -> None:
     path.write_text('instructors = ["teacher"]\nlearners = ["ada"]\ninstructors_group = "Staff Room"\n')
     with pytest.raises(settings.SettingsError, match="instructors_group = 'Staff Room' is not a Unix group name"):
         settings.load(path)
+
+
+def test_only_the_tools_read_the_checkouts_solutions() -> None:
+    """What a learner's check or notebook runs never reads the checkout's solutions/ (learners may not):
+    settings.SOLUTIONS and settings.SOLUTION are make bench's, make gpu-check's, make run's and the
+    nbval runner's (autograde/tools/). A notebook names a file of the learner's own folder instead
+    (runtime.course_file), a solution only as a fallback it asks for first (runtime.handed_out)."""
+    import ast
+
+    users = []
+    for path in sorted((ROOT / "autograde").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith("autograde/tools/") or relative == "autograde/settings.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("SOLUTIONS", "SOLUTION") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "settings":
+                users.append(relative)
+            if isinstance(node, ast.ImportFrom) and node.module == "autograde.settings" and \
+                    {a.name for a in node.names} & {"SOLUTIONS", "SOLUTION"}:
+                users.append(relative)
+    assert not users
+
+
+def test_withholding_needs_root_and_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(withheld.os, "geteuid", lambda: 1000)
+    with pytest.raises(withheld.CourseError, match="needs root") as caught:
+        withheld.withhold(tmp_path, withheld.GROUP, ["teacher"])
+    assert "\n" not in str(caught.value) and not list(tmp_path.iterdir())

@@ -4,7 +4,10 @@ The learner cannot read the checkout's solutions/, tests/, history or grading/, 
 checkpoints and no solution in the first login's copy, catches up from a checkpoint and runs checks
 (one that reads the source, one that launches processes); the instructor reads everything and
 releases a part's solutions through nbgrader's exchange, which the learner could not fetch before
-and fetches after, and whose solution then passes its check, run as the learner.
+and fetches after, and whose solution then passes its check, run as the learner. Then on a running
+hub (`make hub`), in a browser: the hub withholds when it starts, and the instructor releases a
+part's solutions with the formgrader's Generate and Release; the learner fetches them in the
+Assignments tab.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from classhub import ClassHub
+from browser import VENV, chromium  # noqa: F401 (the fixture)
+from classhub import ClassHub, formgrader_action, formgrader_row, members
 from conftest import ROOT
 
 from autograde import settings
@@ -197,40 +201,55 @@ def test_the_instructor_releases_a_parts_solutions_and_only_then_the_learner_fet
     assert pi.returncode == 0 and "pass" in pi.stdout, pi.stdout + pi.stderr
 
 
-# What the formgrader's Manage Assignments lists, and what its Generate and Release buttons call
-# (nbgrader's NbGraderAPI, configured as the instructor's server is: ~/nbgrader_config.py and the exchange).
-FORMGRADER = """import json, sys
-from traitlets.config.loader import PyFileConfigLoader
-from nbgrader.apps import NbGraderAPI
-config = PyFileConfigLoader("nbgrader_config.py", path=sys.argv[1]).load_config()
-config.Exchange.root = sys.argv[2]
-api = NbGraderAPI(config=config)
-listed = sorted(a["name"] for a in api.get_assignments())
-generated, released = api.generate_assignment(sys.argv[3]), api.release_assignment(sys.argv[3])
-print(json.dumps({"listed": listed, "generated": generated["success"], "released": released["success"],
-                  "log": generated["log"] + released["log"]}))
-"""
+# --- On a running hub, in a browser: the hub withholds when it starts; the formgrader releases --------
+HUB_TEACHER, HUB_ADA, HUB_GROUP = "ddpw-hteacher", "ddpw-hada", "ddpw-hinstructors"
 
 
-def test_the_formgrader_lists_each_parts_solutions_and_releases_them(a_class: Class) -> None:
-    """The instructor's first login builds each part's solutions' assignment beside the part's own
-    (the hub's start.py): the formgrader's Manage Assignments lists them, and its Generate and
-    Release hand them out."""
-    grading = a_class.home(TEACHER) / "grading"
-    first = a_class.python(TEACHER, "-m", "autograde.course.hub.start",
-                           **{settings.ROLE: "instructor", settings.COURSE_DIR: str(grading)})
-    assert first.returncode == 0, first.stdout + first.stderr
-    part = "optimizers"
-    name = withheld.solutions_assignment(part)
-    done = a_class.python(TEACHER, "-c", FORMGRADER, str(a_class.home(TEACHER)), str(a_class.hub.exchange), name,
-                          **{settings.COURSE_DIR: str(grading)})
-    assert done.returncode == 0, done.stdout + done.stderr
-    said = json.loads(done.stdout.splitlines()[-1])
-    solutions = [withheld.solutions_assignment(p) for p in withheld.parts_with_solutions()]
-    assert set(said["listed"]) >= {*solutions, "ddp_lab", part}, said["listed"]
-    assert said["generated"] and said["released"], said["log"]
-    fetched = a_class.run(ADA, processes.PYTHON, "-m", "nbgrader", "fetch_assignment", name,
-                          f"--course={assignment.COURSE_ID}", f"--Exchange.root={a_class.hub.exchange}")
-    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
-    for solution in withheld.solutions_of(part):
-        assert (a_class.home(ADA) / name / Path(solution).name).read_bytes() == (a_class.course / solution).read_bytes()
+@pytest.mark.timeout(900)
+def test_on_the_hub_the_instructor_releases_a_parts_solutions_in_the_formgrader(
+        chromium: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make hub` withholds the course (one line in its log); the learner's first login has no solution
+    and their Assignments tab no `processes_talk_solutions`; the instructor's formgrader lists it,
+    Generate and Release hand it out, and the learner fetches it in the browser."""
+    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
+        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm")
+    hub = ClassHub(tmp_path_factory.mktemp("withheld_hub"), [HUB_TEACHER], [HUB_ADA])
+    hub.chromium = chromium
+    name = withheld.solutions_assignment(PART)
+    try:
+        course = copy_of_the_course(hub.folder)  # not this checkout: the hub would close its history, shared
+        hub.extra += [f'course = "{course}"', f'instructors_group = "{HUB_GROUP}"']
+        hub.add_users()
+        hub.open_course()
+        hub.start()
+        assert f"withheld from learners in {course}: solutions/, tests/, .git/, grading/" in hub.log_path.read_text()
+        with members(hub, capsys, HUB_TEACHER, HUB_ADA) as (teacher, ada):
+            ada.log_in()
+            with ada.steps.step("learner-has-no-solution-and-none-to-fetch"):
+                copy = ada.home / start.COPY
+                assert (copy / "solutions" / "fashion_mnist_after_step_4.py").is_file()
+                assert not (copy / "solutions" / "ring_allreduce.py").exists()
+                released = ada.assignments().locator("#released_assignments_list")
+                assert name not in str(released.text_content()) and not any(hub.exchange.rglob(f"*{name}*"))
+            teacher.log_in()
+            with teacher.steps.step("instructor-generates-and-releases-the-solutions"):
+                sources = teacher.home / "grading" / "source"  # the first login's, beside each part's own
+                assert {withheld.solutions_assignment(p) for p in withheld.parts_with_solutions()} <= \
+                    {f.name for f in sources.iterdir()}
+                row = formgrader_row(teacher.page, hub, name)
+                row.wait_for()
+                formgrader_action(teacher.page, row.locator("td.assign a"))
+                formgrader_action(teacher.page, row.locator("td.release a"))
+            with ada.steps.step("learner-fetches-the-solutions"):
+                panel = ada.assignments()
+                panel.locator("#released_assignments_list .list_item", has_text=name).locator(
+                    "button", has_text="Fetch").click()
+                panel.locator("#fetched_assignments_list .list_item", has_text=name).first.wait_for()
+                assert (ada.home / name / "ring_allreduce.py").read_bytes() == \
+                    (course / "solutions" / "ring_allreduce.py").read_bytes()
+    finally:
+        hub.stop()
+        left = hub.leftovers()
+        hub.remove()
+        subprocess.run(["groupdel", HUB_GROUP], capture_output=True)
+    assert not left, f"class members' processes left after the hub stopped: {left}"

@@ -2,7 +2,7 @@
 with its history, and what the hub does when it starts (`withheld.withhold`) done to it, as root.
 The learner cannot read the checkout's solutions/, tests/, history or grading/, gets the step
 checkpoints and no solution in the first login's copy, catches up from a checkpoint and runs checks
-(one that reads the source, one that launches processes); the instructor reads everything and
+(one that reads the source, also as its notebook's check cell, one that launches processes); the instructor reads everything and
 releases a part's solutions through nbgrader's exchange, which the learner could not fetch before
 and fetches after, and whose solution then passes its check, run as the learner. Then on a running
 hub (`make hub`), in a browser: the hub withholds when it starts, and the instructor releases a
@@ -52,6 +52,18 @@ for path in sys.argv[2:]:
     except OSError as err:
         found[path] = type(err).__name__
 print(json.dumps(found))
+"""
+
+
+# Run as a learner: the notebook's cell that imports autograde and Step 0's check cell, in a kernel of
+# their own started by nbclient; the check cell's output.
+CHECK_CELL = """import sys, nbformat
+from nbclient import NotebookClient
+notebook = nbformat.read(sys.argv[1], as_version=4)
+notebook.cells = [c for c in notebook.cells if c.cell_type == "code"
+                  and ("import autograde" in c.source or "assert_step(0)" in c.source)]
+NotebookClient(notebook, timeout=300, kernel_name="python3").execute()
+print("".join(o.get("text", "") for o in notebook.cells[-1].outputs))
 """
 
 
@@ -167,6 +179,9 @@ def test_the_learner_catches_up_from_a_checkpoint_and_runs_checks(a_class: Class
     assert caught_up.returncode == 0, caught_up.stderr
     step_0 = a_class.python(ADA, "-m", "autograde", "check", "--step", "0", cwd=copy)
     assert step_0.returncode == 0 and "Step 0" in step_0.stdout and "pass" in step_0.stdout, step_0.stdout + step_0.stderr
+    # Step 0's check cell of the learner's notebook, in a kernel of theirs (nbclient), where it runs
+    cells = a_class.python(ADA, "-c", CHECK_CELL, str(copy / "notebooks" / "03_steps_0_to_2.ipynb"), cwd=copy / "notebooks")
+    assert cells.returncode == 0 and cells.stdout.startswith("Step 0: pass"), cells.stdout + cells.stderr[-3000:]
     # a check that launches the learner's exercise in processes of its own: the starter's verdict, no error
     pi = a_class.python(ADA, "-m", "autograde", "check", "--step", "pi", "--script", "exercises/compute_pi.py", cwd=copy)
     assert pi.returncode == 1 and "FAIL" in pi.stdout and "# TODO pi" in pi.stdout, pi.stdout + pi.stderr

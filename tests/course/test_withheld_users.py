@@ -162,6 +162,16 @@ def test_the_instructor_reads_everything(a_class: Class) -> None:
     assert found == {p: "read" for p in CLOSED + OPEN}
 
 
+def test_the_instructor_releases_a_part_from_the_withheld_history(a_class: Class) -> None:
+    """`release` builds the part from the checkout's HEAD (git, in the .git only instructors read, of a
+    checkout root owns), as the instructor, in a terminal of theirs."""
+    grading = a_class.home(TEACHER) / "grading"
+    done = a_class.python(TEACHER, "-m", "autograde.course", "release", "--part", PART,
+                          **{settings.COURSE_DIR: str(grading)})
+    assert done.returncode == 0 and f"releasing {PART} from commit" in done.stdout, done.stdout + done.stderr
+    assert (grading / "release" / PART / "exercises" / "ring_allreduce.py").is_file()
+
+
 def test_the_learners_first_login_copy_holds_the_step_checkpoints_and_no_solution(a_class: Class) -> None:
     done = a_class.python(ADA, "-m", "autograde.course.hub.start", **{settings.ROLE: "learner"})
     assert done.returncode == 0 and "first login: the course copied into" in done.stdout, done.stderr

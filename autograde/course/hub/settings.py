@@ -20,10 +20,11 @@ checked once when the hub starts. A wrong setting stops the hub with one line th
     gpus = 1
 
 Optional at the top: `ip`, `port` (where the hub listens: 0.0.0.0:8000), `course` (the installed
-course, default this checkout), `instructors_group` (the Unix group, made by the hub, whose members,
-the instructors, alone read the course's solutions/, tests/ and history: ddp-lab-instructors), `exchange` (nbgrader's exchange), `data` (the data every learner
+course, default this checkout), `exchange` (nbgrader's exchange), `data` (the data every learner
 trains on), `state` (the hub's database and secrets), `slurm_conf` (the SLURM_CONF the hub submits
-with, default the system's), `hub_connect_ip` (the address SLURM nodes call the hub back at).
+with, default the system's), `hub_connect_ip` (the address SLURM nodes call the hub back at),
+`instructors_group` (the Unix group, made by the hub, whose members, the instructors, alone read
+the course's solutions/, tests/ and history; default ddp-lab-instructors).
 """
 from __future__ import annotations
 

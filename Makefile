@@ -38,6 +38,8 @@ help:
 	@echo "make grade           instructors: autograde grading/submitted/ (JOBS learners at once; default one per core), feedback, grades.csv, scores"
 	@echo "make scores          instructors: feedback and grades.csv again after grading answers by hand (no autograding)"
 	@echo "make release-exchange / collect / return-feedback   instructors: through nbgrader's exchange (EXCHANGE=dir)"
+	@echo "make release-solutions PART=X   instructors: hand part X's solutions to every learner through the exchange"
+	@echo "make withhold        instructors, as root: solutions/, tests/, .git readable by the class's instructors only (CLASS=...)"
 	@echo "make learner-mode    nbgrader's instructor extensions off, the default (make instructor-mode: on)"
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
@@ -166,6 +168,16 @@ collect: setup
 
 return-feedback: setup
 	$(COURSE) return-feedback $(EXCHANGE_OPT)
+
+# What a learner may not read (docs/instructors.md): a part's solutions, handed out when the
+# instructor chooses; the checkout's solutions/, tests/, .git, grading/ closed to all but the
+# class's instructors (the hub does it when it starts; this, after a `git pull`, or without a hub).
+.PHONY: release-solutions withhold
+release-solutions: setup
+	$(COURSE) release-solutions $(if $(FROM),--from "$(FROM)") $(EXCHANGE_OPT)
+
+withhold: setup
+	$(COURSE) withhold $(if $(CLASS),--class "$(abspath $(CLASS))")
 
 learner-mode: setup
 	$(PY) jupyter-config/lab_mode.py learner --level $(EXT_LEVEL)

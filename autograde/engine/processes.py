@@ -323,12 +323,34 @@ class WarmServer:
 _shared: list[WarmServer] = []
 
 
+# The server keeps the descriptors a process hands it at 1024 and up (warm_start_server.py's _dup_high),
+# which fails (EINVAL) where the limit on open files is 1024: a login's or a systemd service's default.
+WARM_FD_ROOM = 4096
+
+
+def room_for_warm_start() -> bool:
+    """Whether this process's limit on open files, raised towards WARM_FD_ROOM where its hard limit
+    lets it (children, the server among them, inherit it), leaves the server room above 1024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= WARM_FD_ROOM:
+        return True
+    raised = WARM_FD_ROOM if hard == resource.RLIM_INFINITY else min(hard, WARM_FD_ROOM)
+    if raised > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    return raised >= 2048
+
+
 def warm_environment() -> dict[str, str]:
     """What a launch's environment needs for its Python processes to start warm: nothing where this
     process's own environment names a server (a test run's, or "off": every process cold), else this
-    process's shared server, started on first use (it stops after 10 idle minutes, or with this process)."""
+    process's shared server, started on first use (it stops after 10 idle minutes, or with this process).
+    Every process cold where the limit on open files leaves the server no room (room_for_warm_start)."""
     if os.environ.get(WARM_SERVER) is not None:
         return {}
+    if not room_for_warm_start():
+        return {WARM_SERVER: "off"}
     if not _shared or not _shared[0].running:
         _shared[:] = [WarmServer()]
     return _shared[0].environment()

@@ -9,8 +9,10 @@ import os
 import sys
 
 from autograde.course import sandbox
+from autograde.course.assignment import CourseError
 from autograde.course.hub import settings as class_settings
 from autograde.course.hub import spawners
+from autograde.course.withheld import withhold
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821 (JupyterHub provides it)
 
@@ -18,6 +20,10 @@ try:
     s = class_settings.load()
     class_settings.check_open_to_class(s.course / "autograde", spawners.BIN / "python")
 except class_settings.SettingsError as err:
+    sys.exit(f"error: {err}")
+try:  # the course's solutions, tests and history: the instructors' alone (docs/instructors.md)
+    print(withhold(s.course, s.instructors_group, s.instructors), flush=True)
+except CourseError as err:
     sys.exit(f"error: {err}")
 s.state.mkdir(parents=True, exist_ok=True, mode=0o700)
 print(sandbox.allow_instructors(s.instructors), flush=True)  # the formgrader grades in a sandbox, as ddp-lab-grader

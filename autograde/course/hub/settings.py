@@ -22,7 +22,9 @@ checked once when the hub starts. A wrong setting stops the hub with one line th
 Optional at the top: `ip`, `port` (where the hub listens: 0.0.0.0:8000), `course` (the installed
 course, default this checkout), `exchange` (nbgrader's exchange), `data` (the data every learner
 trains on), `state` (the hub's database and secrets), `slurm_conf` (the SLURM_CONF the hub submits
-with, default the system's), `hub_connect_ip` (the address SLURM nodes call the hub back at).
+with, default the system's), `hub_connect_ip` (the address SLURM nodes call the hub back at),
+`instructors_group` (the Unix group, made by the hub, whose members, the instructors, alone read
+the course's solutions/, tests/ and history; default ddp-lab-instructors).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from typing import Any
 
 from autograde import settings as course_settings
 from autograde.course.assignment import EXCHANGE_DEFAULT
+from autograde.course.withheld import GROUP
 
 DEFAULT_FILE = course_settings.REPO / "deploy" / "jupyterhub" / "class.toml"
 SPAWNERS = ("local", "slurm")
@@ -86,6 +89,7 @@ class ClassSettings:
     state: Path = Path("/var/lib/ddp-lab-hub")
     slurm_conf: str = ""
     hub_connect_ip: str = ""
+    instructors_group: str = GROUP
     local: Local = field(default_factory=Local)
     slurm: Slurm = field(default_factory=Slurm)
     source: Path = DEFAULT_FILE
@@ -164,6 +168,8 @@ def _check(s: ClassSettings) -> None:
     for user in s.members:
         if not _USER.match(user):
             raise SettingsError(f"{where} {user!r} is not a Unix user name")
+    if not _USER.match(s.instructors_group):
+        raise SettingsError(f"{where} instructors_group = {s.instructors_group!r} is not a Unix group name")
     both = sorted(set(s.instructors) & set(s.learners))
     if both:
         raise SettingsError(f"{where} {both[0]!r} is both an instructor and a learner: name them once")

@@ -1,13 +1,15 @@
 """`python -m autograde.course.hub.start [COMMAND...]`: runs as the class member, before their server.
 
 On every start it makes the home folder private (mode 700: nobody else in the class can read it).
-On the first login it copies the course (the notebooks, exercises, solutions and the starter
-script) into ~/ddp-lab-course, which is theirs to edit; later logins leave their copy alone. An
-instructor also gets, once: instructor mode in their own Jupyter config (formgrader, create
-assignment, course list), the course's nbgrader folder ~/grading with every part's source
+On the first login it copies the course (the notebooks, exercises, demos, the starter script and
+the lab's step checkpoints, but no solution of a graded exercise: autograde/course/withheld.py)
+into ~/ddp-lab-course, which is theirs to edit; later logins leave their copy alone. An
+instructor also gets, each where missing: instructor mode in their own Jupyter config (formgrader,
+create assignment, course list), the course's nbgrader folder ~/grading with every part's source
 assignment built from the installed course (with its hidden tests, ready for the formgrader's
-Generate and Release), and ~/nbgrader_config.py, which the formgrader reads and which loads the
-course's own nbgrader settings. Then it runs COMMAND (the single-user server) in its place.
+Generate and Release) and each part's solutions as an assignment of its own (<part>_solutions,
+released when the instructor chooses), and ~/nbgrader_config.py, which the formgrader reads and
+which loads the course's own nbgrader settings. Then it runs COMMAND (the single-user server) in its place.
 
 The spawner sets DDP_LAB_ROLE (learner or instructor), DDP_LAB_CLASS_COURSE (the settings' `course`)
 and, for an instructor, DDP_LAB_COURSE_DIR.
@@ -21,10 +23,11 @@ import sys
 from pathlib import Path
 
 from autograde import settings
+from autograde.course import withheld
 from autograde.grading import registry
 
 COPY = "ddp-lab-course"  # the learner's own copy of the course, in their home
-COURSE_FILES = ("README.md", "fashion_mnist.py", "notebooks", "exercises", "solutions", "demos")
+COURSE_FILES = ("README.md", "fashion_mnist.py", "notebooks", "exercises", "demos")  # and the step checkpoints
 
 
 def copy_course(course: Path, home: Path) -> Path | None:
@@ -41,6 +44,10 @@ def copy_course(course: Path, home: Path) -> Path | None:
         elif source.is_file():
             partial.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, partial / name)
+    for checkpoint in withheld.step_checkpoints():  # by name: learners may not list the checkout's solutions/
+        if (course / checkpoint).is_file():
+            (partial / checkpoint).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(course / checkpoint, partial / checkpoint)
     partial.rename(dest)  # all or nothing: a login cut short copies again next time
     return dest
 
@@ -63,13 +70,20 @@ def set_up_instructor(course: Path, home: Path) -> list[str]:
             f"load_subconfig({str(course / 'autograde' / 'course' / 'nbgrader_config.py')!r})  # noqa: F821\n")
         done.append(str(config))
     grading = Path(os.environ.get(settings.COURSE_DIR) or home / "grading")
-    if not (grading / "source").is_dir():
-        from autograde.course.assignment import WORKING_COPY, build_source
+    from autograde.course.assignment import WORKING_COPY, build_source
 
-        os.environ[settings.COURSE_DIR] = str(grading)
-        for part in registry.PARTS:
+    os.environ[settings.COURSE_DIR] = str(grading)
+    built = []
+    for part in registry.PARTS:
+        if not (grading / "source" / part.id).is_dir():
             build_source(repo=course, rev=WORKING_COPY, part=part.id)
-        done.append(f"{grading}/source: {', '.join(p.id for p in registry.PARTS)}")
+            built.append(part.id)
+        solutions = withheld.solutions_assignment(part.id)
+        if withheld.solutions_of(part.id) and not (grading / "source" / solutions).is_dir():
+            withheld.build_solutions_source(repo=course, rev=WORKING_COPY, part=part.id)
+            built.append(solutions)
+    if built:
+        done.append(f"{grading}/source: {', '.join(built)}")
     return done
 
 

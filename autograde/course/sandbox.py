@@ -142,18 +142,21 @@ def allow_instructors(instructors: list[str]) -> str:
     return f"grading: {', '.join(instructors)} may grade as {GRADER} (sudo rule {SUDOERS})"
 
 
+def _can(prefix: list[str], test: str, path: Path) -> bool:
+    """Whether GRADER may read (-r) or pass through (-x) `path`, asked as GRADER."""
+    return subprocess.run([*prefix, "test", test, str(path)], capture_output=True).returncode == 0
+
+
 def ready() -> list[str]:
     """Check once, before any submission is graded, that the sandbox can be made; the identity prefix."""
     if not shutil.which(BWRAP):
         raise SandboxError("grading needs bubblewrap to sandbox each submission: apt-get install bubblewrap")
     prefix = become_grader()
-    from autograde.course.hub.settings import closed_folders
-
     for path in (*_python_homes(), settings.PACKAGE):
-        closed = closed_folders(path)
-        if closed:
-            raise SandboxError(f"{GRADER} cannot reach {path}: {closed[0]} is closed to other users (chmod o+x "
-                               f"{closed[0]}, or install the course and its Python where all can read)")
+        if not _can(prefix, "-r", path):
+            closed = next((f for f in [*reversed(path.parents), path] if not _can(prefix, "-x", f)), path)
+            raise SandboxError(f"{GRADER} cannot reach {path}: {closed} is closed to other users (chmod o+x "
+                               f"{closed}, or install the course and its Python where all can read)")
     probe = subprocess.run([*prefix, BWRAP, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:

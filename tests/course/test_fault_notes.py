@@ -101,13 +101,13 @@ def test_the_hubs_note_names_the_signal_and_is_escaped() -> None:
     assert spawners._exit_status(-9) == "it was killed (SIGKILL)"
     assert spawners._exit_status(1) == "it exited with status 1"
 
-    class Spawner:
-        stopped_why = "killed <b>now</b>"
-
     class User:
-        spawner = Spawner()
+        name = "ddpf-someone"
 
-    assert spawners.announcement(User()) == '<span id="ddp-lab-stopped">killed &lt;b&gt;now&lt;/b&gt;</span>'
-    assert spawners.announcement(None) == ""
-    Spawner.stopped_why = ""
+    spawners.STOPPED[User.name] = "killed <b>now</b>"
+    try:
+        assert spawners.announcement(User()) == '<span id="ddp-lab-stopped">killed &lt;b&gt;now&lt;/b&gt;</span>'
+        assert spawners.announcement(None) == ""
+    finally:
+        del spawners.STOPPED[User.name]
     assert spawners.announcement(User()) == ""

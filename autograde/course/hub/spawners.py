@@ -15,7 +15,7 @@ the course folder ~/grading and instructor mode.
   loses its node ends (--no-requeue) instead of waiting to start again elsewhere under the old server.
 
 When the hub finds a server gone that nobody stopped (killed, out of its job's time, its node lost),
-the spawner keeps why (`stopped_why`); the hub's pages show it to the learner until they start again
+the spawner keeps why (`STOPPED`); the hub's pages show it to the learner until they start again
 (jupyterhub_config.py: the `announcement`). A local server that died leaves nothing running: what
 is left in the learner's cgroup (a check's runs, a kernel) is killed.
 """
@@ -92,14 +92,14 @@ AFTER_STOP = ("Your files are all kept in your home folder. A check that was run
               "and none was kept: start your server again and run the check again.")
 
 
-def stopped_why(spawner: Any) -> str:
-    """What the hub's pages tell `spawner`'s user about their server that stopped by itself ('' if nothing)."""
-    return str(getattr(spawner, "stopped_why", "") or "")
+# Why each user's server stopped by itself, until they start one again: kept here, since the hub drops a
+# stopped server's Spawner object (and with it anything the Spawner knew).
+STOPPED: dict[str, str] = {}
 
 
 def announcement(user: Any) -> str:
     """The hub's announcement for `user` (c.JupyterHub.template_vars): why their server stopped, as HTML."""
-    why = stopped_why(getattr(user, "spawner", None)) if user is not None else ""
+    why = STOPPED.get(str(getattr(user, "name", "")), "") if user is not None else ""
     return f'<span id="ddp-lab-stopped">{html.escape(why)}</span>' if why else ""
 
 
@@ -120,7 +120,6 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
     """A local process per class member, in the member's cgroup, seeing the member's GPUs."""
 
     cgroup: limits.Cgroup | None = None
-    stopped_why = ""
 
     @default("cmd")
     def _cmd(self) -> list[str]:
@@ -153,8 +152,8 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
         was_running = bool(self.pid) and not self._stop_pending  # not while the hub stops it
         status: int | None = await super().poll()
         if status is not None and was_running:
-            self.stopped_why = (f"Your server stopped by itself at {_now()}: {_exit_status(status)}, without being "
-                                f"stopped from the hub. {AFTER_STOP}")
+            STOPPED[self.user.name] = (f"Your server stopped by itself at {_now()}: {_exit_status(status)}, without "
+                                       f"being stopped from the hub. {AFTER_STOP}")
             self.log.warning("%s's server stopped by itself (status %s)", self.user.name, status)
             cgroup = limits.find_cgroup(self.user.name)
             if cgroup is not None:
@@ -165,7 +164,7 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
         return status
 
     async def start(self) -> Any:
-        self.stopped_why = ""
+        STOPPED.pop(self.user.name, None)
         s, user = settings(), self.user.name
         if user in s.learners:
             self.cgroup = limits.make_cgroup(user, size_in_bytes(s.local.memory), s.local.cpus, s.local.processes)
@@ -215,7 +214,6 @@ def slurm_end(job: str, seen: str) -> str:
 class SlurmClassSpawner(SlurmSpawner):  # type: ignore[misc]
     """Each class member's server a SLURM job on a GPU node, asking for the settings' [slurm] resources."""
 
-    stopped_why = ""
     last_seen = ""  # squeue's last line on the job, kept past batchspawner's clear_state
 
     async def query_job_status(self) -> Any:
@@ -227,13 +225,13 @@ class SlurmClassSpawner(SlurmSpawner):  # type: ignore[misc]
         job = self.job_id if not self._stop_pending else ""  # not while the hub stops it
         status: int | None = await super().poll()
         if status is not None and job:
-            self.stopped_why = (f"Your server stopped by itself at {_now()}: {slurm_end(job, self.last_seen)}. "
-                                f"{AFTER_STOP} A new job starts on a node that is up.")
+            STOPPED[self.user.name] = (f"Your server stopped by itself at {_now()}: {slurm_end(job, self.last_seen)}. "
+                                       f"{AFTER_STOP} A new job starts on a node that is up.")
             self.log.warning("%s's server stopped by itself: job %s, %r", self.user.name, job, self.last_seen)
         return status
 
     async def start(self) -> Any:
-        self.stopped_why = ""
+        STOPPED.pop(self.user.name, None)
         return await super().start()
 
     @default("cmd")

@@ -216,6 +216,10 @@ class SlurmClassSpawner(SlurmSpawner):  # type: ignore[misc]
 
     last_seen = ""  # squeue's last line on the job, kept past batchspawner's clear_state
 
+    @default("batch_query_cmd")
+    def _query(self) -> str:  # every state: a job that ended (NODE_FAIL, TIMEOUT) is shown a while, and why
+        return "squeue -h -t all -j {job_id} -o '%T %B'"
+
     async def query_job_status(self) -> Any:
         status = await super().query_job_status()
         self.last_seen = str(self.job_status or "")

@@ -15,7 +15,8 @@ the fault lands while it runs; each test says what happened and that nothing is 
   hub notices, tells the learner why, and their server starts again on the other node, their files kept.
 
 In `make test` the lost node is marked down at once (as an administrator would, after killing it);
-`make class-faults` (DDP_LAB_CLASS_FAULTS=full) waits for SLURM to find it lost on its own (SlurmdTimeout).
+`make class-faults` (DDP_LAB_CLASS_FAULTS=full) waits for SLURM to find it lost on its own (SlurmdTimeout),
+with a check under way on it that the next check, on the other node, names as cut short.
 """
 from __future__ import annotations
 
@@ -367,6 +368,11 @@ def test_a_slurm_node_lost_under_a_server_the_learner_is_told_and_starts_on_the_
         ((job, state, node),) = [line.split() for line in queue()]
         assert state == "RUNNING", queue()
         work = ada.write("ddp-lab-course/my_notes.md", "what I found out\n")
+        if FULL:  # a check under way on the node when it goes
+            script = slow_script(ada, "lost-node", "a node lost")
+            kernel = ada.kernel()
+            kernel.read(kernel.send(CHECK.format(script=str(script))), until="running the setup run")
+            kernel.close()
         killed = lose_node(cluster, node)
         assert killed and not ada.no_processes_left(15), ada.processes()  # the server went with its node
         lost = time.monotonic()
@@ -386,6 +392,13 @@ def test_a_slurm_node_lost_under_a_server_the_learner_is_told_and_starts_on_the_
         assert state2 == "RUNNING" and job2 != job and node2 != node, (job, node, queue())
         status, answer = hub.api("GET", f"/user/{ADA}/api/contents/ddp-lab-course/my_notes.md", ada.token)
         assert status == 200 and isinstance(answer, dict) and answer["content"] == work.read_text(), (status, answer)
+        if FULL:  # the check cut short on the lost node is named by the next one, on the other node
+            (script.parent / "hold").unlink()
+            kernel = ada.kernel()
+            again = kernel.run(CHECK.format(script=str(script)))
+            print(f"the next check, on {node2}, says:\n{again}")
+            assert "was cut short before its verdict" in again and "VERDICT pass" in again, again
+            kernel.shut_down()
         ada.stop_server()
         deadline = time.monotonic() + 60
         while queue():

@@ -92,6 +92,7 @@ def test_another_files_marks_are_not_this_ones(script: Path, tmp_path: Path) -> 
     ("TIMEOUT n2", "its SLURM job 7 ended on node n2: it reached the class's time limit"),
     ("CANCELLED+ n1", "its SLURM job 7 ended on node n1: it was cancelled"),
     ("", "its SLURM job 7 ended: it is no longer in the queue"),
+    ("slurm_load_jobs error: Invalid job id specified", "its SLURM job 7 ended: it is no longer in the queue"),
 ])
 def test_the_hub_says_why_a_job_ended(seen: str, words: str) -> None:
     assert spawners.slurm_end("7", seen) == words

@@ -200,6 +200,7 @@ SLURM_ENDS = {  # squeue's state of a job that ended, as a learner is told it
     "PREEMPTED": "it was preempted",
     "OUT_OF_MEMORY": "it ran out of memory",
     "FAILED": "it failed",
+    "COMPLETED": "the server in it exited",
 }
 
 
@@ -207,6 +208,8 @@ def slurm_end(job: str, seen: str) -> str:
     """Why a learner's job `job` is gone, from squeue's last line for it ('NODE_FAIL n1'; '' once forgotten)."""
     state, _, node = seen.strip().partition(" ")
     state = re.sub(r"\W.*", "", state)  # CANCELLED+ -> CANCELLED
+    if not re.fullmatch(r"[A-Z_]+", state):  # squeue's error (the job forgotten), not a state
+        state, node = "", ""
     where = f" on node {node.strip()}" if node.strip() else ""
     return f"its SLURM job {job} ended{where}: {SLURM_ENDS.get(state, state.lower() or 'it is no longer in the queue')}"
 

@@ -307,6 +307,10 @@ def test_a_server_killed_mid_check_keeps_no_verdict_and_the_learner_is_told(hub:
     assert not left, f"the dead server left processes running: {left}"
     assert ada.verdict_files() == kept_before, "a verdict was kept from a check cut short"
     assert ada.marks(), "the check left no mark of being cut short"
+    noted = [line for line in hub.log_path.read_text(errors="replace").splitlines()
+             if ADA in line and ("dead server" in line or "stopped by itself" in line)]
+    print("\nthe hub's log says:\n" + "\n".join(noted))
+    assert any(f"{ADA}'s server stopped by itself (status -9)" in line for line in noted), noted
 
     status, _, home = ada.page("/hub/home")
     told = re.search(r'id="ddp-lab-stopped">([^<]*)<', home)

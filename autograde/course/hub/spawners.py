@@ -103,6 +103,14 @@ def announcement(user: Any) -> str:
     return f'<span id="ddp-lab-stopped">{html.escape(why)}</span>' if why else ""
 
 
+def _command(pid: int) -> str:
+    """The start of process `pid`'s command line, for the hub's log."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80].strip()
+    except OSError:
+        return ""
+
+
 def _now() -> str:
     return time.strftime("%H:%M:%S %Z")
 
@@ -157,10 +165,11 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
             self.log.warning("%s's server stopped by itself (status %s)", self.user.name, status)
             cgroup = limits.find_cgroup(self.user.name)
             if cgroup is not None:
+                commands = {pid: _command(pid) for pid in cgroup.pids()}
                 left = await asyncio.to_thread(cgroup.kill_all)
                 if left:
-                    self.log.warning("killed %d process(es) %s's dead server left: %s", len(left),
-                                     self.user.name, left)
+                    self.log.warning("killed %d process(es) %s's dead server left: %s", len(left), self.user.name,
+                                     "; ".join(f"{pid} {commands.get(pid, '')}" for pid in left))
         return status
 
     async def start(self) -> Any:

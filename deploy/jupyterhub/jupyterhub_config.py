@@ -43,6 +43,7 @@ c.JupyterHub.cleanup_servers = False
 # A server that stopped by itself (killed, its job ended, its node lost): its learner is told why on
 # the hub's pages (the home page, "server not running") until they start it again.
 c.JupyterHub.template_vars = {"announcement": spawners.announcement}
+spawners.keep_notes(s.state / "stopped-servers.json")  # a restarted hub still says it
 
 # Class members log in with their Unix user name and password; nobody else does.
 c.JupyterHub.authenticator_class = "pam"

@@ -10,7 +10,7 @@ the fault lands while it runs; each test says what happened and that nothing is 
 - the hub restarted: the learner's server and the check in their kernel run on; the check gives its
   verdict afterwards, the hub keeps its state (the server, the learner's login);
 - the learner's server killed mid-check: no verdict kept, nothing left running, the hub's pages say
-  why, and the next check says that the earlier one was cut short;
+  why (a restarted hub too), and the next check says that the earlier one was cut short;
 - a SLURM node lost under a learner's server (a cluster of two emulated nodes of the test's own): the
   hub notices, tells the learner why, and their server starts again on the other node, their files kept.
 
@@ -320,6 +320,10 @@ def test_a_server_killed_mid_check_keeps_no_verdict_and_the_learner_is_told(hub:
         "no verdict" in told.group(1), told.group(1)
     status, _, not_running = ada.page(f"/user/{ADA}/lab")
     assert status == 424 and "ddp-lab-stopped" in not_running, (status, not_running[-1500:])
+    hub.stop_hub()  # a hub restarted meanwhile still says it (the note is kept in its state folder)
+    hub.start()
+    status, _, home = ada.page("/hub/home")
+    assert status == 200 and told.group(0) in home, home[-2000:]
 
     (script.parent / "hold").unlink()
     ada.start_server()

@@ -112,3 +112,16 @@ def test_the_hubs_note_names_the_signal_and_is_escaped() -> None:
     finally:
         del spawners.STOPPED[User.name]
     assert spawners.announcement(User()) == ""
+
+
+def test_the_notes_outlive_the_hub_in_its_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spawners, "STOPPED", {})
+    monkeypatch.setattr(spawners, "NOTES", [])
+    notes = tmp_path / "stopped-servers.json"
+    spawners.keep_notes(notes)  # none there yet
+    spawners._note("ddpf-a", "killed")
+    spawners._note("ddpf-b", "lost")
+    spawners._note("ddpf-b", None)  # started again
+    monkeypatch.setattr(spawners, "STOPPED", {})  # a new hub
+    spawners.keep_notes(notes)
+    assert spawners.STOPPED == {"ddpf-a": "killed"}

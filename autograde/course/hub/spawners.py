@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import html
+import json
 import os
 import pwd
 import re
@@ -93,8 +94,35 @@ AFTER_STOP = ("Your files are all kept in your home folder. A check that was run
 
 
 # Why each user's server stopped by itself, until they start one again: kept here, since the hub drops a
-# stopped server's Spawner object (and with it anything the Spawner knew).
+# stopped server's Spawner object (and with it anything the Spawner knew), and in NOTES (the hub's state
+# folder, set by jupyterhub_config.py), so that a restarted hub still says it.
 STOPPED: dict[str, str] = {}
+NOTES: list[Path] = []
+
+
+def keep_notes(path: Path) -> None:
+    """Keep the notes in `path` from now on, starting from those a hub before this one left there."""
+    NOTES[:] = [path]
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(found, dict):
+        STOPPED.update({str(user): str(why) for user, why in found.items()})
+
+
+def _note(user: str, why: str | None) -> None:
+    """Note why `user`'s server stopped by itself (None: it started again, nothing to say)."""
+    if why is None:
+        if STOPPED.pop(user, None) is None:
+            return
+    else:
+        STOPPED[user] = why
+    for path in NOTES:
+        try:
+            path.write_text(json.dumps(STOPPED))
+        except OSError:
+            pass  # the note is then lost with the hub only
 
 
 def announcement(user: Any) -> str:
@@ -160,8 +188,8 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
         was_running = bool(self.pid) and not self._stop_pending  # not while the hub stops it
         status: int | None = await super().poll()
         if status is not None and was_running:
-            STOPPED[self.user.name] = (f"Your server stopped by itself at {_now()}: {_exit_status(status)}, without "
-                                       f"being stopped from the hub. {AFTER_STOP}")
+            _note(self.user.name, f"Your server stopped by itself at {_now()}: {_exit_status(status)}, without "
+                                  f"being stopped from the hub. {AFTER_STOP}")
             self.log.warning("%s's server stopped by itself (status %s)", self.user.name, status)
             cgroup = limits.find_cgroup(self.user.name)
             if cgroup is not None:
@@ -173,7 +201,7 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
         return status
 
     async def start(self) -> Any:
-        STOPPED.pop(self.user.name, None)
+        _note(self.user.name, None)
         s, user = settings(), self.user.name
         if user in s.learners:
             self.cgroup = limits.make_cgroup(user, size_in_bytes(s.local.memory), s.local.cpus, s.local.processes)
@@ -241,13 +269,13 @@ class SlurmClassSpawner(SlurmSpawner):  # type: ignore[misc]
         job = self.job_id if not self._stop_pending else ""  # not while the hub stops it
         status: int | None = await super().poll()
         if status is not None and job:
-            STOPPED[self.user.name] = (f"Your server stopped by itself at {_now()}: {slurm_end(job, self.last_seen)}. "
-                                       f"{AFTER_STOP} A new job starts on a node that is up.")
+            _note(self.user.name, f"Your server stopped by itself at {_now()}: {slurm_end(job, self.last_seen)}. "
+                                  f"{AFTER_STOP} A new job starts on a node that is up.")
             self.log.warning("%s's server stopped by itself: job %s, %r", self.user.name, job, self.last_seen)
         return status
 
     async def start(self) -> Any:
-        STOPPED.pop(self.user.name, None)
+        _note(self.user.name, None)
         return await super().start()
 
     @default("cmd")

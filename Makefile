@@ -32,6 +32,7 @@ help:
 	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
 	@echo "make slurm-up        a real SLURM of 2 emulated nodes on this machine (root; SLURM_FOLDER=dir); make slurm-down stops it"
 	@echo "make hub             instructors, as root: JupyterHub for a class (CLASS=deploy/jupyterhub/class.toml; docs/instructors.md)"
+	@echo "make class-faults    as root: the hub restarted, a server killed mid-check, a SLURM node lost, under a real hub"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
@@ -130,6 +131,12 @@ hub-setup: setup $(VENV)/bin/configurable-http-proxy
 
 hub: hub-setup
 	DDP_LAB_CLASS="$(abspath $(CLASS))" $(VENV)/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
+
+# Faults during a class, as root (tests/course/test_class_faults.py, also in `make test`): the hub
+# restarted, a server killed mid-check, a SLURM node lost; here SLURM finds the lost node on its own.
+.PHONY: class-faults
+class-faults: hub-setup
+	DDP_LAB_CLASS_FAULTS=full $(PY) -m pytest tests/course/test_class_faults.py
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)

@@ -16,6 +16,8 @@ import stat
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -196,8 +198,57 @@ class ClassHub:
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def stop(self) -> None:
-        """Stop the hub (it stops every server it started) and what is left of make's process group."""
+    def api(self, method: str, path: str, token: str = "", body: Any = None,
+            timeout: float = 30) -> tuple[int, Any]:
+        """A call of the hub's REST API (/hub/api/...) or of a server's (/user/NAME/api/...) with `token`:
+        the status and the JSON answer (None when empty; status 0 when nothing answers)."""
+        headers = {"Authorization": f"token {token}"} if token else {}
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                status, text = answer.status, answer.read()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read()
+        except OSError:
+            return 0, None
+        try:
+            return status, json.loads(text) if text.strip() else None
+        except ValueError:
+            return status, text.decode(errors="replace")
+
+    def token(self, user: str) -> str:
+        """An API token of `user`'s, asked for with their password (as a script of theirs could)."""
+        status, answer = self.api("POST", f"/hub/api/users/{user}/tokens", body={
+            "auth": {"username": user, "password": self.passwords[user]}, "note": "test", "expires_in": 3600})
+        assert status in (200, 201) and isinstance(answer, dict), (status, answer)
+        return str(answer["token"])
+
+    def stop_servers(self, timeout: float = 120) -> None:
+        """Stop every class member's server through the API, as an instructor ends a class (the hub keeps
+        them running when it stops itself: jupyterhub_config.py's cleanup_servers)."""
+        if self.proc is None or self.proc.poll() is not None or self.get("/hub/api/")[0] != 200:
+            return
+        token = self.token(self.instructors[0])
+        running = [u for u in self.passwords if self.server_of(u, token) is not None]
+        for user in running:
+            self.api("DELETE", f"/hub/api/users/{user}/server", token)
+        deadline = time.monotonic() + timeout
+        while any(self.server_of(u, token) is not None for u in running) and time.monotonic() < deadline:
+            time.sleep(1)
+
+    def server_of(self, user: str, token: str) -> dict[str, Any] | None:
+        """`user`'s default server as the hub's API describes it (ready, pending, url...), None if none."""
+        status, answer = self.api("GET", f"/hub/api/users/{user}", token)
+        if status != 200 or not isinstance(answer, dict):
+            return None
+        server = (answer.get("servers") or {}).get("")
+        return server if isinstance(server, dict) else None
+
+    def stop_hub(self) -> None:
+        """Stop the hub alone (Ctrl-C on `make hub`), leaving the servers running."""
         if self.proc is None:
             return
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
@@ -211,6 +262,16 @@ class ClassHub:
             except subprocess.TimeoutExpired:
                 continue
         self.proc = None
+
+    def stop(self) -> None:
+        """Stop every server, then the hub and what is left of make's process group."""
+        if self.proc is None:
+            return
+        try:
+            self.stop_servers()
+        except AssertionError:  # the hub does not answer as it should: its servers are killed with the users
+            pass
+        self.stop_hub()
 
     def leftovers(self) -> list[str]:
         """Processes of the class's users, and the hub's or its proxy's (whose command lines name this test's

@@ -7,6 +7,7 @@ import html
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -154,6 +155,30 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
     path = settings.learner_script(script, default=files[0])
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}: pass script='path/to/fashion_mnist.py'")
+    mark, cut = cache.begin(path, wanted)
+    try:
+        if cut and not quiet:
+            _say(cut_short(cut))
+        return _check_file(path, wanted, procs_per_node, nodes, fresh, quiet)
+    finally:
+        cache.end(mark)
+
+
+def cut_short(marks: list[dict[str, object]]) -> str:
+    """What a learner is told of their earlier checks of this file that never gave a verdict."""
+    said = []
+    for mark in marks:
+        asked = mark.get("steps")
+        steps = ", ".join(registry.label(str(s)) for s in (asked if isinstance(asked, list) else [])
+                          if str(s) in registry.BY_ID)
+        at = time.strftime("%H:%M:%S", time.localtime(float(str(mark.get("at", 0)))))
+        said.append(f"your check of {steps or 'this file'} started at {at}")
+    return (f"({'; '.join(said)} was cut short before its verdict: its kernel or server stopped (killed, or "
+            "the server or its node was lost). Nothing of it was kept; checking again now.)")
+
+
+def _check_file(path: Path, wanted: list[str], procs_per_node: int, nodes: int, fresh: bool,
+                quiet: bool) -> list[Result]:
     fresh = fresh or os.environ.get(settings.FRESH, "") not in ("", "0")
     gpus = processes.gpu_count()
     layout = devices_key(gpus)

@@ -7,6 +7,10 @@ process layout, the devices each run used and the checker's own source: editing 
 the checker) means new runs. Verdicts from runs that hit the time limit are not kept, since
 a machine that was only busy deserves a second try.
 
+A check under way leaves a mark (`begin`, removed by `end`), so that one cut short before its
+verdict (its kernel killed, its server or node lost) is known to the next check of the same file,
+which says so: nothing of the cut run is kept, and the learner learns why it gave no verdict.
+
 The folder is $DDP_LAB_CACHE_DIR, or ddp-lab-verdicts-<uid> in the system's temporary folder.
 """
 from __future__ import annotations
@@ -15,7 +19,9 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import tempfile
+import time
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -89,3 +95,60 @@ def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: 
         partial.replace(target)
     except OSError:
         pass  # a read-only or full disk only costs new runs next time
+
+
+def _started(pid: int) -> str:
+    """When process `pid` started (ticks since boot), to tell it from a later process given its pid; '' if
+    gone or a zombie (dead, not yet reaped), or where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return "" if fields[0] == "Z" else fields[19]
+
+
+def _alive(mark: dict[str, object]) -> bool:
+    """Whether the check that left `mark` still runs (a mark from another node: its server is gone)."""
+    if mark.get("host") != socket.gethostname():
+        return False
+    pid = int(str(mark.get("pid", 0)))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started, then = _started(pid), mark.get("started_ticks")
+    if not then or not Path("/proc/self/stat").exists():
+        return True  # no way to tell it from another process: assume it runs
+    return started == then
+
+
+def begin(script: Path, steps: list[str]) -> tuple[Path | None, list[dict[str, object]]]:
+    """Mark a check of `script` under way; the mark (for `end`), and the marks of earlier checks of the
+    same file that were cut short before their verdict (each removed here: said once)."""
+    name = hashlib.sha256(str(script.resolve()).encode()).hexdigest()[:16]
+    cut: list[dict[str, object]] = []
+    for old in folder().glob(f"running-{name}-*.json"):
+        try:
+            mark = json.loads(old.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(mark, dict) and not _alive(mark):
+            cut.append(mark)
+            old.unlink(missing_ok=True)
+    mine = folder() / f"running-{name}-{socket.gethostname()}-{os.getpid()}.json"
+    try:
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        mine.write_text(json.dumps({"script": str(script), "steps": steps, "host": socket.gethostname(),
+                                    "pid": os.getpid(), "started_ticks": _started(os.getpid()),
+                                    "at": time.time()}))
+    except OSError:
+        return None, cut
+    return mine, sorted(cut, key=lambda m: float(str(m.get("at", 0))))
+
+
+def end(mark: Path | None) -> None:
+    """The check that made `mark` ended (with a verdict, an error, or stopped by its learner)."""
+    if mark is not None:
+        mark.unlink(missing_ok=True)

@@ -42,6 +42,16 @@ c.JupyterHub.cookie_secret_file = str(s.state / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(s.state / "jupyterhub.pid")
 c.ConfigurableHTTPProxy.command = [str(spawners.BIN / "configurable-http-proxy")]
 c.ConfigurableHTTPProxy.pid_file = str(s.state / "proxy.pid")
+# A restarted hub (Ctrl-C, then `make hub` again) finds every server where it was: stopping the hub
+# stops no server (each runs in a session of its own, or as a SLURM job), and the state above (the
+# database: who runs which server where; the cookie secret: who is logged in) is kept. A check
+# running in a kernel runs on; learners' pages reconnect once the hub and its proxy are back. To end
+# the class, stop the servers first (the admin page's "Stop All"), then the hub.
+c.JupyterHub.cleanup_servers = False
+# A server that stopped by itself (killed, its job ended, its node lost): its learner is told why on
+# the hub's pages (the home page, "server not running") until they start it again.
+c.JupyterHub.template_vars = {"announcement": spawners.announcement}
+spawners.keep_notes(s.state / "stopped-servers.json")  # a restarted hub still says it
 
 # Class members log in with their Unix user name and password; nobody else does.
 c.JupyterHub.authenticator_class = "pam"

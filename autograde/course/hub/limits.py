@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +61,31 @@ class Cgroup:
         """Put process `pid` (0: the caller) into the cgroup; its children follow."""
         for folder in self.folders:
             (folder / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now."""
+        found: set[int] = set()
+        for folder in self.folders:
+            try:
+                found.update(int(line) for line in (folder / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                continue
+        return sorted(found)
+
+    def kill_all(self, seconds: float = 10.0) -> list[int]:
+        """SIGKILL every process in the cgroup (a dead server's kernels and runs) until none is left or
+        `seconds` pass; the pids that were killed."""
+        killed: list[int] = []
+        deadline = time.monotonic() + seconds
+        while (left := self.pids()) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        return sorted(set(killed))
 
     def oom_kills(self) -> int:
         """How many times the kernel killed a process here for the memory limit."""

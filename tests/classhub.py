@@ -28,6 +28,7 @@ from browser import CHROMIUM_FLAGS, VENV, VIEWPORT, Steps, http_get, make_env, m
 from conftest import ROOT
 
 from autograde import data
+from autograde.course import sandbox
 from autograde.course.hub import limits, settings
 from autograde.engine import processes
 from autograde.settings import WARM_SERVER
@@ -293,6 +294,8 @@ class ClassHub:
         for folder, mode in reversed(self.opened):
             folder.chmod(mode)
         shutil.rmtree(self.folder, ignore_errors=True)
+        if sandbox.SUDOERS.is_file() and any(u in sandbox.SUDOERS.read_text() for u in self.instructors):
+            sandbox.SUDOERS.unlink()  # the hub's rule for this test's instructors, who are gone
 
 
 

@@ -34,6 +34,7 @@ FRESH = "DDP_LAB_FRESH"  # set to 1: every check runs the script again (for grad
 EXCHANGE = "DDP_LAB_EXCHANGE"  # nbgrader's exchange folder, shared by a class
 CLASS = "DDP_LAB_CLASS"  # the class hub's settings file (default deploy/jupyterhub/class.toml)
 CLASS_COURSE = "DDP_LAB_CLASS_COURSE"  # set by the hub's spawner: the course a user's server copies
+GRADING = "DDP_LAB_GRADING"  # set in the grading sandbox (autograde/course/sandbox.py): a verdict that cannot apply there is no pass
 ROLE = "DDP_LAB_ROLE"  # set by the hub's spawner: "learner" or "instructor"
 HOST = "DDP_LAB_HOST"  # set by mpirun's ssh stand-in: the emulated host a process runs on
 

@@ -51,7 +51,7 @@ from autograde.course.assignment import CourseError, is_answer, root
 from autograde.course.hub import limits
 
 GRADER = "ddp-lab-grader"  # the unprivileged user every submission is graded as
-GRADING = "DDP_LAB_GRADING"  # set inside the sandbox: the kernel sealed at its start
+GRADING = settings.GRADING  # set inside the sandbox: the kernel sealed at its start, n/a no pass
 VERDICTS = "DDP_LAB_GRADE_VERDICTS"  # the grader's: the folder one learner's verdicts are kept in
 KEY = "DDP_LAB_GRADE_KEY"  # the grader's (outside the sandbox): the key a learner's verdicts are signed with
 KEY_FILE = "DDP_LAB_GRADE_KEY_FILE"  # inside: where the kernel reads that key once, and removes it
@@ -252,7 +252,6 @@ def seal() -> None:
             socket = Path(f"{app.ip}-{port}")
             if socket.exists():
                 socket.chmod(0o020)  # its group (nbgrader's user) may connect; the owner, GRADER, may not
-    os.environ.pop(GRADING, None)  # the learner's processes see an ordinary environment
     key_file = Path(os.environ.pop(KEY_FILE, "") or "/nonexistent")
     if key_file.is_file():
         from autograde.grading import cache

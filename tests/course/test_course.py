@@ -7,6 +7,7 @@ learning platform): a script done through Step 5 gets Steps 0-5's points."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -201,6 +202,7 @@ def test_the_log_filter_hides_only_what_is_known_to_be_harmless() -> None:
 
 
 LATER = [p.id for p in registry.PARTS if p.id != registry.FIRST]
+SLURM_NOTEBOOK = "16_slurm"
 
 
 def release_and_grade(folder: Path, part_id: str) -> Path:
@@ -250,8 +252,11 @@ def test_a_later_part_is_an_assignment_of_its_own(later_parts: dict[str, Future[
     for file in part.files:
         assert (released / file).read_text() == (ROOT / file).read_text(), file
     assert not (released / "fashion_mnist.py").exists()
+    # SLURM's notebook needs the cluster, which the grading sandbox cannot reach: its items are left to
+    # the instructor (their grade cells say so), and its cells that call srun or sbatch fail there
+    by_hand = {i.id for i in registry.ITEMS if i.part == part.id and i.notebook == SLURM_NOTEBOOK}
     assert grading.grades(folder / "grades.csv", part.id) == {
-        "solved": sum(i.points for i in registry.ITEMS if i.part == part.id)}
+        "solved": sum(i.points for i in registry.ITEMS if i.part == part.id and i.id not in by_hand)}
     answers = [c["metadata"]["nbgrader"]["points"] for nb in released.glob("*.ipynb") for c in cells(nb)
                if assignment.is_answer(c["metadata"]["nbgrader"]["grade_id"])]
     assert grading.pending_by_hand(folder / "grades.csv", part.id) == {"solved": sum(answers)}  # not read yet
@@ -261,6 +266,12 @@ def test_a_later_part_is_an_assignment_of_its_own(later_parts: dict[str, Future[
         code = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
         assert all(c.get("execution_count") for c in code), f"{notebook.name}: not every cell ran"
         errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        if notebook.stem == SLURM_NOTEBOOK:
+            said = [str(o.get("evalue")) for o in errors]
+            assert len([e for e in said if "cannot be checked where grading runs" in e]) == len(by_hand), said
+            errors = [o for o in errors if not re.search(r"cannot be checked where grading runs|^exit status 1: "
+                                                         r"(srun|sbatch): fatal: Could not establish a configuration",
+                                                         str(o.get("evalue")))]
         assert not errors, f"{notebook.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
 
 

@@ -166,3 +166,16 @@ def test_a_kernel_in_the_sandbox_is_the_grader_sees_only_its_files_and_is_sealed
     assert found["child"]["sockets"] and set(found["child"]["sockets"]) == {"PermissionError"}, found["child"]
     assert found["child"]["network"] != "connected"
     assert found["interfaces"] in ([], ["lo"])
+
+
+def test_a_check_that_cannot_apply_is_no_pass_where_grades_are_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """n/a (SLURM not reachable, say) passes a learner's check cell, which is only told; in the grading
+    sandbox a graded item's n/a fails its grade cell and says the instructor grades it by hand."""
+    from autograde.grading import api
+
+    monkeypatch.setattr(api, "check_steps", lambda steps, *a, **k: [Result(str(steps[0]), None, "no SLURM here")])
+    api.assert_step("slurm_env")  # the learner's own server: told, not failed
+    monkeypatch.setenv(sandbox.GRADING, "1")
+    with pytest.raises(api.CheckFailed, match="cannot be checked where grading runs.*by hand"):
+        api.assert_step("slurm_env")
+    api.assert_step("optional")  # no points: nothing to grade by hand

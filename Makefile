@@ -32,6 +32,7 @@ help:
 	@echo "make gpu-check       on a GPU node: prove the GPU path, write docs/gpu-report.md"
 	@echo "make slurm-up        a real SLURM of 2 emulated nodes on this machine (root; SLURM_FOLDER=dir); make slurm-down stops it"
 	@echo "make hub             instructors, as root: JupyterHub for a class (CLASS=deploy/jupyterhub/class.toml; docs/instructors.md)"
+	@echo "make class-load      as root: LEARNERS=24 learners check at once on the hub (SPAWNER=slurm; CHECKS_AT_ONCE=2): docs/class-load/"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
@@ -68,7 +69,7 @@ lab: setup
 
 # ruff on the package and every test (ruff.toml: imports sorted and used, names defined), then mypy
 # on the package and on the tests' own modules (the test files themselves are not typed throughout yet).
-TYPED_TESTS := tests/conftest.py tests/record_runs.py tests/mistakes.py tests/exercise_styles.py
+TYPED_TESTS := tests/conftest.py tests/record_runs.py tests/mistakes.py tests/exercise_styles.py tests/class_load.py
 lint: setup
 	$(PY) -m ruff check autograde tests
 	$(PY) -m mypy --ignore-missing-imports autograde $(TYPED_TESTS)
@@ -128,6 +129,18 @@ hub-setup: setup $(VENV)/bin/configurable-http-proxy
 
 hub: hub-setup
 	DDP_LAB_CLASS="$(abspath $(CLASS))" $(VENV)/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
+
+# A class of LEARNERS on the hub, as root, every learner checking a lab step in the same minute
+# (tests/class_load.py): verdicts, their time against one learner alone, the hub's API latency, memory,
+# and what is left behind, written to CLASS_LOAD_OUT. Minutes: 24 learners take about 10 on 2 cores.
+LEARNERS ?= 24
+CHECKS_AT_ONCE ?= 2
+SPAWNER ?= local
+CLASS_LOAD_OUT ?= docs/class-load
+.PHONY: class-load
+class-load: hub-setup
+	$(PY) tests/class_load.py --learners $(LEARNERS) --checks-at-once $(CHECKS_AT_ONCE) --spawner $(SPAWNER) \
+		--out $(CLASS_LOAD_OUT) $(CLASS_LOAD_ARGS)
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)

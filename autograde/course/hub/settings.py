@@ -107,7 +107,12 @@ class ClassSettings:
     def check_queue(self) -> Path:
         """The node's line of learners' checks (autograde/grading/turns.py) when [local] checks_at_once > 0:
         a folder of the node's own, one per hub (its port), readable by the learners (the state is not)."""
-        return Path("/tmp") / f"ddp-lab-checks-{self.port}"
+        return check_queue(self.port)
+
+
+def check_queue(port: int) -> Path:
+    """The line of checks of the hub at `port` (ClassSettings.check_queue)."""
+    return Path("/tmp") / f"ddp-lab-checks-{port}"
 
 
 def _section(cls: type, values: Any, name: str) -> Any:

@@ -74,7 +74,8 @@ class Learner:
     password: str
     right: bool  # the file checked has Step 3 done: the verdict must be pass (else FAIL)
     token: str = ""
-    spawn_s: float = 0.0
+    spawn_s: float = 0.0  # from the first ask to a ready server
+    spawn_tries: int = 0
     kernel: str = ""
     verdict: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0  # from the execute request to its reply, as the learner waits for it
@@ -123,24 +124,36 @@ class Client:
                                       "note": "class-load"})
         return str(reply["token"])
 
-    async def start_server(self, learner: Learner, timeout: float) -> None:
+    async def start_server(self, learner: Learner, timeout: float, tries: int = 3) -> None:
+        """Ask for the learner's server and wait until it is ready; a start the hub gave up on (its
+        http_timeout) is asked for again, as the learner would press Start again, at most `tries` times."""
         began = time.monotonic()
         await self.call("POST", f"/hub/api/users/{learner.name}/server", learner.token)
+        learner.spawn_tries = 1
         while True:
+            await asyncio.sleep(1)
             model = await self.call("GET", f"/hub/api/users/{learner.name}", learner.token)
             server = (model.get("servers") or {}).get("")
             if server and server.get("ready"):
                 learner.spawn_s = time.monotonic() - began
                 return
+            if not server and not model.get("pending"):  # the hub gave up on this start
+                if learner.spawn_tries >= tries:
+                    raise LoadError(f"{learner.name}'s server failed to start {tries} times (the hub's log says why)")
+                learner.spawn_tries += 1
+                await self.call("POST", f"/hub/api/users/{learner.name}/server", learner.token)
             if time.monotonic() - began > timeout:
                 raise LoadError(f"{learner.name}'s server was not ready within {timeout:.0f} s: {model.get('pending')}")
-            await asyncio.sleep(1)
 
     async def execute(self, learner: Learner, code: str, timeout: float) -> tuple[str, str]:
         """Run `code` in the learner's kernel over its websocket: (its output, the reply's status)."""
         url = self.url.replace("http", "ws", 1) + f"/user/{learner.name}/api/kernels/{learner.kernel}/channels"
-        ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {learner.token}"},
-                                                 request_timeout=60), max_message_size=64 * 2**20)
+        try:  # the server answers once the kernel is up: that may take minutes on a loaded node
+            ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {learner.token}"},
+                                                     connect_timeout=timeout, request_timeout=timeout),
+                                         max_message_size=64 * 2**20)
+        except (HTTPClientError, OSError) as err:
+            raise LoadError(f"{learner.name}'s kernel websocket: {err}") from None
         msg_id = uuid.uuid4().hex
         ws.write_message(json.dumps({
             "header": {"msg_id": msg_id, "username": learner.name, "session": uuid.uuid4().hex, "msg_type":
@@ -244,8 +257,8 @@ async def check(client: Client, learner: Learner, timeout: float) -> None:
     began = time.monotonic()
     try:
         learner.output, status = await client.execute(learner, CHECK_CODE, timeout)
-    except LoadError as err:
-        learner.problem = str(err)
+    except Exception as err:  # this learner's cell had no verdict; the others go on
+        learner.problem = f"{type(err).__name__}: {err}"
         return
     learner.seconds = time.monotonic() - began
     learner.waited = next((line for line in learner.output.splitlines() if "waiting for a turn" in line), "")
@@ -256,8 +269,8 @@ async def check(client: Client, learner: Learner, timeout: float) -> None:
         learner.verdict = json.loads(found[-1][len("VERDICT "):])
 
 
-async def drive(hub: ClassHub, learners: list[Learner], instructor: str, spread: float, timeout: float,
-                say: Callable[[str], None], baseline: bool = True) -> dict[str, Any]:
+async def drive(hub: ClassHub, learners: list[Learner], instructor: str, spread: float, logins: float,
+                timeout: float, say: Callable[[str], None], baseline: bool = True) -> dict[str, Any]:
     client = Client(hub.url)
     for learner in learners:  # one after another: the hub's PAM
         learner.token = await client.token(learner)
@@ -267,14 +280,19 @@ async def drive(hub: ClassHub, learners: list[Learner], instructor: str, spread:
     idle_memory = sampler.node[-1]
     stop_sampling = asyncio.Event()
     sampling = asyncio.ensure_future(sampler.run(stop_sampling))
-    say(f"starting {len(learners)} servers at once")
-    began = time.monotonic()
-    await asyncio.gather(*(client.start_server(learner, timeout) for learner in learners))
-    servers_s = time.monotonic() - began
-    for learner in learners:
+    say(f"{len(learners)} learners log in within {logins:.0f} s")
+
+    async def log_in(learner: Learner) -> None:
+        """The learner logs in, opens a notebook (a kernel) and runs its first cell (the imports)."""
+        await asyncio.sleep(random.uniform(0, logins))
+        await client.start_server(learner, timeout)
         learner.kernel = str((await client.call("POST", f"/user/{learner.name}/api/kernels", learner.token,
-                                                body={"name": "python3"}))["id"])
-    await asyncio.gather(*(client.execute(learner, WARM_UP, timeout) for learner in learners))
+                                                body={"name": "python3"}, timeout=timeout))["id"])
+        await client.execute(learner, WARM_UP, timeout)
+
+    began = time.monotonic()
+    await asyncio.gather(*(log_in(learner) for learner in learners))
+    servers_s = time.monotonic() - began
     sampler.sample()
     idle_class_memory, idle_cgroups = sampler.node[-1], sampler.cgroups[-1]
     stop = asyncio.Event()
@@ -315,7 +333,9 @@ async def drive(hub: ClassHub, learners: list[Learner], instructor: str, spread:
     return {
         "alone": {"status": alone.verdict.get("status"), "seconds": round(alone.seconds, 3),
                   "problem": alone.problem},
-        "servers": {"all_ready_s": round(servers_s, 1), "spawn_s": summary([x.spawn_s for x in learners])},
+        "servers": {"all_ready_s": round(servers_s, 1), "logins_s": logins,
+                    "spawn_s": summary([x.spawn_s for x in learners]),
+                    "asked_again": sum(x.spawn_tries > 1 for x in learners)},
         "verdict_s": summary(seconds),
         "ratio_to_alone": summary([s / alone.seconds for s in seconds]) if alone.seconds else {},
         "storm_s": round(storm_s, 1),
@@ -370,8 +390,10 @@ def report_text(result: dict[str, Any]) -> str:
         f"  as a multiple of alone: {fig(result['ratio_to_alone'], 'x')}",
         f"  cells that said they waited for a turn: {result['waited']} of {len(result['learners'])}; the storm took "
         f"{result['storm_s']} s",
-        f"servers: all {c['learners']} ready {result['servers']['all_ready_s']} s after they were asked for at once "
-        f"(each: {fig(result['servers']['spawn_s'], 's')})",
+        f"servers: the learners logged in within {result['servers']['logins_s']:.0f} s, all {c['learners']} servers, kernels "
+        "and first cells ready after "
+        f"{result['servers']['all_ready_s']} s (each from its ask: {fig(result['servers']['spawn_s'], 's')}; "
+        f"started again after the hub gave up on a start: {result['servers']['asked_again']})",
         f"hub API (GET /hub/api/users): idle {fig(lat['idle'], 'ms')}; during the checks {fig(lat['storm'], 'ms')}",
         f"memory: node in use before the hub {m['node_before_hub']} GiB, with the class's servers and kernels idle "
         f"{m['node_idle_class']} GiB, peak {m['node_peak']} GiB (other programs of this machine included); the "
@@ -393,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=float, default=1.0, help="each learner's CPU limit ([local] cpus)")
     parser.add_argument("--spread", type=float, default=20.0, help="seconds over which the learners press their cell")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for a server, or a cell, at most")
+    parser.add_argument("--logins", type=float, default=None,
+                        help="seconds over which the learners log in, each starting their server (default 8 a learner)")
     parser.add_argument("--no-alone", action="store_true", help="no baseline of one learner checking alone")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "ddp-lab-class-load")
     args = parser.parse_args(argv)
@@ -429,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             slurm_env = Slurm().env
         hub.start(args.spawner, slurm_env.get("SLURM_CONF", ""))
         say(f"the hub is up at {hub.url} (its log: {hub.log_path})")
-        result = asyncio.run(drive(hub, learners, instructor, args.spread, args.timeout, say, not args.no_alone))
+        logins = 8.0 * args.learners if args.logins is None else args.logins
+        result = asyncio.run(drive(hub, learners, instructor, args.spread, logins, args.timeout, say, not args.no_alone))
     except Exception as err:  # one line, whatever stopped the class (the hub is stopped and its users removed below)
         failure = str(err).splitlines()[0] if str(err) else type(err).__name__
     finally:

@@ -162,8 +162,9 @@ def check_steps(steps: Sequence[Step] | None = None, script: str | Path | None =
         return [known[step] for step in wanted]
     say = None if quiet else _say
     record = cache.runs_file(path, procs_per_node, nodes, layout)
-    # on a class's node, a check that makes runs waits for its turn (turns.py; at once elsewhere)
-    with turns.turn(say) if registry.kinds_of(wanted) else contextlib.nullcontext():
+    # on a class's node, a check that makes runs waits for its turn (turns.py; at once elsewhere), and
+    # says so even when quiet: a silent wait would look like a hang
+    with turns.turn(say or _say) if registry.kinds_of(wanted) else contextlib.nullcontext():
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
         if outside:
             if say:

@@ -194,7 +194,7 @@ def _take(folder: Path) -> Ticket:
     me = start_time(pid)
     arrival = time.time_ns()
     ticket = Ticket(f"wait-{arrival:020d}-{pid}", arrival, pid, os.getuid(), False)
-    draft = folder / f".draft-{pid}"
+    draft = folder / f".draft-{arrival}-{pid}"
     draft.write_text(f"{me}\n")
     draft.chmod(0o644)
     draft.rename(folder / ticket.name)  # whole, with its start time, or not at all
@@ -219,7 +219,7 @@ def _record(folder: Path, seconds: float) -> None:
     try:
         rows = own.read_text().split("\n") if own.exists() else []
         rows = [r for r in rows if r.strip()][-(KEEP - 1):] + [f"{time.time():.3f} {seconds:.3f}"]
-        draft = folder / f".done-{os.getpid()}"
+        draft = folder / f".done-{time.time_ns()}-{os.getpid()}"
         draft.write_text("\n".join(rows) + "\n")
         draft.chmod(0o644)
         draft.rename(own)

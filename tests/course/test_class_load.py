@@ -22,7 +22,7 @@ def test_three_learners_checking_at_once_wait_their_turn_and_get_their_own_verdi
         pytest.skip("the class's load test needs root: it creates Unix users and runs the hub as root")
     if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
         pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm (.ci/run does)")
-    status = class_load.main(["--learners", "3", "--checks-at-once", "1", "--spread", "1", "--timeout", "600",
+    status = class_load.main(["--learners", "3", "--checks-at-once", "1", "--spread", "1", "--logins", "2", "--timeout", "600",
                               "--no-alone", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "local-3.json").read_text())
     report = (tmp_path / "local-3.txt").read_text()

@@ -316,6 +316,8 @@ async def drive(hub: ClassHub, learners: list[Learner], instructor: str, spread:
     began = time.monotonic()
     await asyncio.gather(*(one(learner) for learner in learners))
     storm_s = time.monotonic() - began
+    sampler.sample()  # every learner has checked, none checks now: each kernel keeps its warm-start server
+    after_cgroups = sampler.cgroups[-1]
     stop.set()
     storm_latency = await storm_latency_task
     stop_sampling.set()
@@ -346,6 +348,8 @@ async def drive(hub: ClassHub, learners: list[Learner], instructor: str, spread:
                        "node_peak_storm": round(max(sampler.node[memory_before_storm:] or [0]), 2),
                        "class_cgroups_idle": round(idle_cgroups, 2), "class_cgroups_peak": round(max(sampler.cgroups), 2),
                        "learner_idle": round(idle_cgroups / len(learners), 3),
+                       "class_cgroups_after": round(after_cgroups, 2),
+                       "learner_after_check": round(after_cgroups / len(learners), 3),
                        "learner_peak": summary(peaks)},
         "learners": [{k: v for k, v in asdict(x).items() if k not in ("password", "token", "output")}
                      | {"correct": x.correct, "output_tail": x.output[-600:]} for x in learners],
@@ -374,10 +378,12 @@ def report_text(result: dict[str, Any]) -> str:
     def fig(s: dict[str, float], unit: str) -> str:
         return f"median {s.get('median')} {unit}, p95 {s.get('p95')} {unit}, max {s.get('max')} {unit}" if s else "none"
 
+    where = (f"one node, spawner local: a line of {c['checks_at_once']} checks at once" if c["checks_at_once"] else
+             "one node, spawner local: no line of checks") if c["spawner"] == "local" else \
+        "the course's SLURM of 2 emulated nodes on this machine, spawner slurm: no line (each job its own share)"
     lines = [
-        f"A class of {c['learners']} on one node, spawner {c['spawner']}: {c['checks_at_once'] or 'no'} line of checks "
-        f"({c['checks_at_once']} at once), each learner {c['memory']} and {c['cpus']} CPU; this machine: "
-        f"{c['cores']} cores, {c['memory_gib']} GiB",
+        f"A class of {c['learners']} on {where}; each learner {c['memory'] + ' and' if c['spawner'] == 'local' else 'a job of'} "
+        f"{c['cpus']} CPU; this machine: {c['cores']} cores, {c['memory_gib']} GiB",
         f"command: {c['command']}",
         f"each learner: Step {STEP}'s check of their own fashion_mnist.py (4 processes train), every learner within "
         f"{c['spread_s']} s; one in four has Step 3 not done (expected FAIL), the others pass",
@@ -396,10 +402,11 @@ def report_text(result: dict[str, Any]) -> str:
         f"started again after the hub gave up on a start: {result['servers']['asked_again']})",
         f"hub API (GET /hub/api/users): idle {fig(lat['idle'], 'ms')}; during the checks {fig(lat['storm'], 'ms')}",
         f"memory: node in use before the hub {m['node_before_hub']} GiB, with the class's servers and kernels idle "
-        f"{m['node_idle_class']} GiB, peak {m['node_peak']} GiB (other programs of this machine included); the "
-        f"class's cgroups together {m['class_cgroups_idle']} GiB idle (a server and its kernel: "
-        f"{m['learner_idle']} GiB a learner), at most {m['class_cgroups_peak']} GiB; a learner's own peak (server, kernel "
-        f"and check): {fig(m['learner_peak'], 'GiB')}",
+        f"{m['node_idle_class']} GiB, peak {m['node_peak']} GiB (other programs of this machine included)"
+        + ("" if c["spawner"] != "local" else f"; the class's cgroups together {m['class_cgroups_idle']} GiB idle (a server and its kernel: "
+        f"{m['learner_idle']} GiB a learner), at most {m['class_cgroups_peak']} GiB, {m.get('class_cgroups_after')} GiB once "
+        f"all had checked ({m.get('learner_after_check')} GiB a learner: the kernel keeps its warm-start server, torch "
+        f"imported, for 10 idle minutes); a learner's own peak (server, kernel and check): {fig(m['learner_peak'], 'GiB')}"),
         f"left behind: {result['left_behind'] or 'nothing (no process, user, cgroup, ticket' + (', job' if c['spawner'] == 'slurm' else '') + ')'}",
     ]
     lines += [f"  {x['name']}: {x['problem'] or x['verdict']}" for x in wrong]
@@ -469,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
                         if args.spawner == "local" else 0, "memory": args.memory, "cpus": args.cpus,
                         "spread_s": args.spread, "cores": os.cpu_count(),
                         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                        "command": f"make class-load LEARNERS={args.learners} CHECKS_AT_ONCE={args.checks_at_once} "
-                                   f"SPAWNER={args.spawner} (tests/class_load.py {' '.join(argv or sys.argv[1:])})",
+                        "command": f"make class-load LEARNERS={args.learners} "
+                                   + (f"CHECKS_AT_ONCE={args.checks_at_once} " if args.spawner == "local" else "")
+                                   + f"SPAWNER={args.spawner} (tests/class_load.py {' '.join(argv or sys.argv[1:])})",
                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     text = report_text(result)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")

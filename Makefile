@@ -33,6 +33,7 @@ help:
 	@echo "make slurm-up        a real SLURM of 2 emulated nodes on this machine (root; SLURM_FOLDER=dir); make slurm-down stops it"
 	@echo "make hub             instructors, as root: JupyterHub for a class (CLASS=deploy/jupyterhub/class.toml; docs/instructors.md)"
 	@echo "make class-faults    as root: the hub restarted, a server killed mid-check, a SLURM node lost, under a real hub"
+	@echo "make class-load      as root: LEARNERS=24 learners check at once on the hub (SPAWNER=slurm; CHECKS_AT_ONCE=2): docs/class-load/"
 	@echo "make data            download Fashion-MNIST into $(DATA_DIR)/"
 	@echo "make synthetic-data  write the synthetic stand-in into $(SYNTHETIC_DIR)/ (offline)"
 	@echo "make release         instructors: build the nbgrader assignment from notebooks/ (grading/release/)"
@@ -71,7 +72,7 @@ lab: setup
 
 # ruff on the package and every test (ruff.toml: imports sorted and used, names defined), then mypy
 # on the package and on the tests' own modules (the test files themselves are not typed throughout yet).
-TYPED_TESTS := tests/conftest.py tests/record_runs.py tests/mistakes.py tests/exercise_styles.py
+TYPED_TESTS := tests/conftest.py tests/record_runs.py tests/mistakes.py tests/exercise_styles.py tests/class_load.py
 lint: setup
 	$(PY) -m ruff check autograde tests
 	$(PY) -m mypy --ignore-missing-imports autograde $(TYPED_TESTS)
@@ -137,6 +138,18 @@ hub: hub-setup
 .PHONY: class-faults
 class-faults: hub-setup
 	DDP_LAB_CLASS_FAULTS=full $(PY) -m pytest tests/course/test_class_faults.py
+
+# A class of LEARNERS on the hub, as root, every learner checking a lab step in the same minute
+# (tests/class_load.py): verdicts, their time against one learner alone, the hub's API latency, memory,
+# and what is left behind, written to CLASS_LOAD_OUT. Minutes: 24 learners take about 10 on 2 cores.
+LEARNERS ?= 24
+CHECKS_AT_ONCE ?= 2
+SPAWNER ?= local
+CLASS_LOAD_OUT ?= docs/class-load
+.PHONY: class-load
+class-load: hub-setup
+	$(PY) tests/class_load.py --learners $(LEARNERS) --checks-at-once $(CHECKS_AT_ONCE) --spawner $(SPAWNER) \
+		--out $(CLASS_LOAD_OUT) $(CLASS_LOAD_ARGS)
 
 data: setup
 	$(PY) -m autograde.data download --root $(DATA_DIR)

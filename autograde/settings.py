@@ -37,6 +37,11 @@ CLASS_COURSE = "DDP_LAB_CLASS_COURSE"  # set by the hub's spawner: the course a 
 GRADING = "DDP_LAB_GRADING"  # set in the grading sandbox (autograde/course/sandbox.py): a verdict that cannot apply there is no pass
 ROLE = "DDP_LAB_ROLE"  # set by the hub's spawner: "learner" or "instructor"
 HOST = "DDP_LAB_HOST"  # set by mpirun's ssh stand-in: the emulated host a process runs on
+# Set by the hub's local spawner for a learner's server when the class's [local] checks_at_once > 0:
+# the node's line of checks (autograde/grading/turns.py), a folder its learners share, and how many
+# checks run at once; unset, a check starts at once
+CHECK_QUEUE = "DDP_LAB_CHECK_QUEUE"
+CHECKS_AT_ONCE = "DDP_LAB_CHECKS_AT_ONCE"
 
 # --- The environment the checker gives every process it launches --------------------------------
 TRACE_DIR = "DDP_LAB_TRACE_DIR"  # set: trace this process (and its children) into this folder

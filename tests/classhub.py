@@ -122,9 +122,11 @@ class ClassHub:
     """`make hub` with the test's class settings, its users and folders; started and stopped here."""
 
     def __init__(self, artifacts: Path, instructors: Sequence[str], learners: Sequence[str],
-                 memory: str = "1200M", cpus: float = 1.0, extra: Sequence[str] = ()) -> None:
+                 memory: str = "1200M", cpus: float = 1.0, extra: Sequence[str] = (), checks_at_once: int = 0,
+                 slurm_gpus: int = 1) -> None:
         self.instructors, self.learners = list(instructors), list(learners)
         self.memory, self.cpus, self.extra = memory, cpus, list(extra)  # extra: more top-level settings lines
+        self.checks_at_once, self.slurm_gpus = checks_at_once, slurm_gpus  # [local] checks_at_once, [slurm] gpus
         self.folder = Path(tempfile.mkdtemp(prefix="ddp-lab-class-"))
         self.folder.chmod(0o755)
         self.exchange = self.folder / "exchange"
@@ -173,7 +175,8 @@ class ClassHub:
             'ip = "127.0.0.1"', f"port = {self.port}", f'exchange = "{self.exchange}"', f'data = "{self.data}"',
             f'state = "{self.folder / "state"}"', f'slurm_conf = "{slurm_conf}"', 'hub_connect_ip = "127.0.0.1"',
             "[local]", "gpus = 4", f'memory = "{self.memory}"', f"cpus = {self.cpus}",
-            "[slurm]", 'time = "00:30:00"', 'memory = "2G"', "cpus = 1", "gpus = 1", ""]))
+            *([f"checks_at_once = {self.checks_at_once}"] if self.checks_at_once else []),
+            "[slurm]", 'time = "00:30:00"', 'memory = "2G"', "cpus = 1", f"gpus = {self.slurm_gpus}", ""]))
         return path
 
     def start(self, spawner: str = "local", slurm_conf: str = "") -> None:
@@ -296,6 +299,12 @@ class ClassHub:
         shutil.rmtree(self.folder, ignore_errors=True)
         if sandbox.SUDOERS.is_file() and any(u in sandbox.SUDOERS.read_text() for u in self.instructors):
             sandbox.SUDOERS.unlink()  # the hub's rule for this test's instructors, who are gone
+        shutil.rmtree(self.check_queue, ignore_errors=True)
+
+    @property
+    def check_queue(self) -> Path:
+        """The node's line of checks the hub makes with checks_at_once (kept by the hub, for the expected wait)."""
+        return settings.check_queue(self.port)
 
 
 

@@ -15,7 +15,7 @@ from autograde import settings
 from autograde.engine import processes
 from autograde.engine.verdicts import Result
 from autograde.engine.workspace import RunKind, Unmade, Workspace
-from autograde.grading import cache, judge, registry
+from autograde.grading import cache, judge, registry, turns
 
 Step = str | int | float
 
@@ -187,11 +187,14 @@ def _check_file(path: Path, wanted: list[str], procs_per_node: int, nodes: int, 
         return [known[step] for step in wanted]
     say = None if quiet else _say
     record = cache.runs_file(path, procs_per_node, nodes, layout)
-    verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
-    if outside:
-        if say:
-            say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
+    # on a class's node, a check that makes runs waits for its turn (turns.py; at once elsewhere), and
+    # says so even when quiet: a silent wait would look like a hang
+    with turns.turn(say or _say) if registry.kinds_of(wanted) else contextlib.nullcontext():
         verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
+        if outside:
+            if say:
+                say(f"  ({'; '.join(outside.values())}: not your script's doing; running it again)")
+            verdicts, outside = _judge(path, wanted, procs_per_node, nodes, gpus, say, record)
     verdicts = blame_outside(verdicts, outside)
     kept = {step: r for step, r in verdicts.items()
             if not any(registry.reads_run(step, name) for name in outside) and not r.checker_error}

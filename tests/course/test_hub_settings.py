@@ -48,6 +48,20 @@ def test_the_shipped_settings_load() -> None:
     assert s.spawner == "local" and s.instructors and s.learners and s.course == ROOT
     assert s.role(s.instructors[0]) == "instructor" and s.role(s.learners[0]) == "learner"
     assert settings.size_in_bytes(s.local.memory) == 8 * 2**30
+    assert s.local.checks_at_once >= 0
+
+
+def test_checks_at_once_gives_learners_a_line_and_instructors_none(tmp_path: Path) -> None:
+    """The class's line of checks reaches each learner's server through its environment (spawners.py)."""
+    from autograde import settings as course_settings
+    from autograde.course.hub import spawners
+
+    loaded = settings.load(write(tmp_path, GOOD + 'port = 8123\n[local]\nchecks_at_once = 3\n'))
+    assert loaded.local.checks_at_once == 3 and loaded.check_queue == Path("/tmp/ddp-lab-checks-8123")
+    assert settings.load(write(tmp_path, GOOD)).local.checks_at_once == 0  # by default, no line
+    env = spawners.queue_env(loaded, "ada")
+    assert env == {course_settings.CHECK_QUEUE: "/tmp/ddp-lab-checks-8123", course_settings.CHECKS_AT_ONCE: "3"}
+    assert spawners.queue_env(loaded, "teacher") == {}  # grading is not queued behind learners' checks
 
 
 @pytest.mark.parametrize("text, words", [
@@ -59,6 +73,8 @@ def test_the_shipped_settings_load() -> None:
     ('instructors = ["Teacher One"]\nlearners = []\n', ["not a Unix user name"]),
     (GOOD + '[local]\nmemory = "lots"\n', ["[local] memory", "512M or 8G"]),
     (GOOD + '[local]\ngpu = 2\n', ["[local] has no setting 'gpu'"]),
+    (GOOD + '[local]\nchecks_at_once = -1\n', ["[local] checks_at_once = -1", "0: no line"]),
+    (GOOD + '[local]\nchecks_at_once = "two"\n', ["[local] checks_at_once = 'two'", "whole number"]),
     (GOOD + 'course = "/nowhere"\n', ["not the course's folder"]),
     ("instructors = [", ["not valid TOML"]),
 ])

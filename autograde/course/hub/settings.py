@@ -11,6 +11,7 @@ checked once when the hub starts. A wrong setting stops the hub with one line th
     memory = "8G"                 # per learner: everything their server starts, together
     cpus = 4.0                    # per learner: CPU time, in cores
     processes = 1024              # per learner
+    checks_at_once = 0            # checks the node runs at once, the others wait in line (0: no line)
 
     [slurm]                       # spawner = "slurm": what each learner's job asks for
     partition = ""
@@ -65,6 +66,7 @@ class Local:
     memory: str = "8G"
     cpus: float = 4.0
     processes: int = 1024
+    checks_at_once: int = 0
 
 
 @dataclass
@@ -104,6 +106,17 @@ class ClassSettings:
 
     def role(self, user: str) -> str:
         return "instructor" if user in self.instructors else "learner"
+
+    @property
+    def check_queue(self) -> Path:
+        """The node's line of learners' checks (autograde/grading/turns.py) when [local] checks_at_once > 0:
+        a folder of the node's own, one per hub (its port), readable by the learners (the state is not)."""
+        return check_queue(self.port)
+
+
+def check_queue(port: int) -> Path:
+    """The line of checks of the hub at `port` (ClassSettings.check_queue)."""
+    return Path("/tmp") / f"ddp-lab-checks-{port}"
 
 
 def _section(cls: type, values: Any, name: str) -> Any:
@@ -180,6 +193,10 @@ def _check(s: ClassSettings) -> None:
     gpus = s.local.gpus
     if not (gpus == "auto" or (isinstance(gpus, int) and gpus >= 0)):
         raise SettingsError(f"{where} [local] gpus = {gpus!r}: a number of GPUs, or \"auto\"")
+    at_once = s.local.checks_at_once
+    if not isinstance(at_once, int) or isinstance(at_once, bool) or at_once < 0:
+        raise SettingsError(f"{where} [local] checks_at_once = {at_once!r}: a whole number of checks the node runs "
+                            "at once (0: no line, every check starts at once)")
     if s.local.gpus_per_learner < 0 or s.local.cpus <= 0 or s.local.processes < 16:
         raise SettingsError(f"{where} [local] gpus_per_learner >= 0, cpus > 0 and processes >= 16, please")
     for section, memory in (("local", s.local.memory), ("slurm", s.slurm.memory)):

@@ -8,7 +8,8 @@ the course folder ~/grading and instructor mode.
 
 - LocalClassSpawner (spawner = "local"): a process on this node. Before it becomes the learner it
   joins the learner's cgroup (limits.py: memory, CPU, processes), and it sees the learner's GPUs
-  only (CUDA_VISIBLE_DEVICES, limits.gpus_for).
+  only (CUDA_VISIBLE_DEVICES, limits.gpus_for). With [local] checks_at_once > 0 its checks wait
+  their turn in the node's line (autograde/grading/turns.py): N run at once, one per learner.
 - SlurmClassSpawner (spawner = "slurm"): a SLURM job (batchspawner's SlurmSpawner) asking for the
   settings' [slurm] partition, time, memory, CPUs and GPUs; SLURM enforces them and sets the job's
   CUDA_VISIBLE_DEVICES. It submits as the learner with `runuser` (sudo is not needed). A job that
@@ -42,6 +43,7 @@ from traitlets import default
 from autograde import settings as course_settings
 from autograde.course.hub import limits
 from autograde.course.hub.settings import ClassSettings, load, size_in_bytes
+from autograde.grading import turns
 
 HUB_JUPYTER = course_settings.REPO / "deploy" / "jupyterhub" / "jupyter"  # nbgrader settings every server reads
 BIN = Path(sys.executable).parent  # the course's environment, which runs the hub
@@ -152,6 +154,13 @@ def _exit_status(status: int) -> str:
     return f"it exited with status {status}" if status else "it is no longer running"
 
 
+def queue_env(s: ClassSettings, user: str) -> dict[str, str]:
+    """A learner's line of checks on a local node (grading/turns.py), where [local] checks_at_once > 0."""
+    if user not in s.learners or not s.local.checks_at_once:
+        return {}
+    return {course_settings.CHECK_QUEUE: str(s.check_queue), course_settings.CHECKS_AT_ONCE: str(s.local.checks_at_once)}
+
+
 class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
     """A local process per class member, in the member's cgroup, seeing the member's GPUs."""
 
@@ -170,6 +179,7 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
         if user in s.learners:
             env["CUDA_VISIBLE_DEVICES"] = limits.visible_devices(
                 limits.gpus_for(s.learners.index(user), len(s.learners), _node_gpus(), s.local.gpus_per_learner))
+        env.update(queue_env(s, user))
         return env
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
@@ -203,6 +213,8 @@ class LocalClassSpawner(LocalProcessSpawner):  # type: ignore[misc]
     async def start(self) -> Any:
         _note(self.user.name, None)
         s, user = settings(), self.user.name
+        if user in s.learners and s.local.checks_at_once:
+            turns.make_folder(s.check_queue)  # root's, sticky: each learner removes only their own tickets
         if user in s.learners:
             self.cgroup = limits.make_cgroup(user, size_in_bytes(s.local.memory), s.local.cpus, s.local.processes)
             if self.cgroup is None:

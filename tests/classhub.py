@@ -277,6 +277,22 @@ class ClassHub:
             pass
         self.stop_hub()
 
+    @contextmanager
+    def running(self, spawner: str = "local") -> Iterator["ClassHub"]:
+        """The hub with its users, started; afterwards stopped and removed, and AssertionError if a class
+        member's process outlived it or a user was left."""
+        try:
+            self.add_users()
+            self.open_course()
+            self.start(spawner)
+            yield self
+        finally:
+            self.stop()
+            left = self.leftovers()
+            self.remove()
+        assert not left, f"class members' processes left after the hub stopped (killed now): {left}"
+        assert not any(_user_exists(u) for u in self.passwords), "a test user was not removed"
+
     def leftovers(self) -> list[str]:
         """Processes of the class's users, and the hub's or its proxy's (whose command lines name this test's
         folder or port), waited for a while (servers end after the hub stops them)."""

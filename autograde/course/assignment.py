@@ -170,6 +170,17 @@ class Release:
     notes: list[str]
 
 
+def committed(repo: Path, rev: str, paths: list[str]) -> dict[str, bytes]:
+    """Each of `paths` as committed in `rev` of `repo`; CourseError naming the first that is not there."""
+    files = {}
+    for path in paths:
+        done = processes.run(git(repo, "show", f"{rev}:./{path}"), timeout=120)
+        if done.returncode != 0:
+            raise CourseError(f"no {path} in {rev[:12]} of {repo}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        files[path] = done.stdout.encode()
+    return files
+
+
 def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = registry.FIRST) -> Release:
     """The part's notebooks and learner's files in the repository as committed in `rev` (or, with
     rev "files", as they are)."""
@@ -195,12 +206,7 @@ def course_files(repo: Path | None = None, rev: str = "HEAD", part: str = regist
         raise CourseError(f"no commit {rev!r} in {repo}: name a commit, branch or tag (FROM=...)") from None
     names = _git(repo, "ls-tree", "--name-only", commit, "--", f"{NOTEBOOKS}/").split()
     paths = [p for p in names if fnmatch.fnmatch(Path(p).name, notebooks)] + learner_files
-    files = {}
-    for path in paths:
-        done = processes.run(git(repo, "show", f"{commit}:./{path}"), timeout=120)
-        if done.returncode != 0:
-            raise CourseError(f"commit {commit[:12]} has no {path}")
-        files[path] = done.stdout.encode()
+    files = committed(repo, commit, paths)
     summary = _git(repo, "log", "-1", "--format=%h %ad %s", "--date=short", commit).strip()
     summary = summary if len(summary) <= 100 else summary[:97] + "..."  # a long subject: its start
     # what the working copy has that the release does not: edits, and notebooks never committed

@@ -21,7 +21,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from autograde.course.assignment import WORKING_COPY, CourseError, Release, git, root
+from autograde.course.assignment import WORKING_COPY, CourseError, Release, committed, root
 from autograde.engine import processes
 from autograde.grading import registry
 from autograde.grading.items import Item
@@ -71,13 +71,7 @@ def _files_at(repo: Path, rev: str, paths: list[str]) -> Release:
         if missing:
             raise CourseError(f"{repo} has no {', '.join(missing)}")
         return Release({p: (repo / p).read_bytes() for p in paths}, f"the files in {repo} as they are", [])
-    files = {}
-    for path in paths:
-        done = processes.run(git(repo, "show", f"{rev}:./{path}"), timeout=120)
-        if done.returncode != 0:
-            raise CourseError(f"no {path} in {rev} of {repo}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-        files[path] = done.stdout.encode()
-    return Release(files, f"{rev} of {repo}", [])
+    return Release(committed(repo, rev, paths), f"{rev} of {repo}", [])
 
 
 def about(part: str, names: list[str]) -> dict:

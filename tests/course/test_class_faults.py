@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 import websocket
 from browser import VENV
-from classhub import ClassHub, _processes_of, _user_exists
+from classhub import ClassHub, _processes_of
 from conftest import ROOT
 
 pytestmark = pytest.mark.launch
@@ -68,17 +68,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClassHub]:
     artifacts.mkdir(parents=True)
     print(f"\nfaults during a class: the hub's log in {artifacts}")
     the_hub = ClassHub(artifacts, [TEACHER], [ADA])
-    try:
-        the_hub.add_users()
-        the_hub.open_course()
-        the_hub.start()
+    with the_hub.running():
         yield the_hub
-    finally:
-        the_hub.stop()
-        left = the_hub.leftovers()
-        the_hub.remove()
-    assert not left, f"class members' processes left after the hub stopped (killed now): {left}"
-    assert not any(_user_exists(u) for u in the_hub.passwords), "a test user was not removed"
 
 
 class Learner:

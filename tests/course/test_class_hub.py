@@ -53,7 +53,6 @@ from classhub import (
     ClassHub,
     Member,
     _processes_of,
-    _user_exists,
     as_user,
     formgrader_action,
     formgrader_row,
@@ -84,17 +83,8 @@ def hub(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
     print(f"\nthe class on JupyterHub: screenshots and the hub's log in {artifacts}")
     the_hub = ClassHub(artifacts, [TEACHER], LEARNERS, memory=MEMORY_LIMIT)
     the_hub.chromium = chromium
-    try:
-        the_hub.add_users()
-        the_hub.open_course()
-        the_hub.start()
+    with the_hub.running():
         yield the_hub
-    finally:
-        the_hub.stop()
-        left = the_hub.leftovers()
-        the_hub.remove()
-    assert not left, f"class members' processes left after the hub stopped (killed now): {left}"
-    assert not any(_user_exists(u) for u in the_hub.passwords), "a test user was not removed"
 
 
 

@@ -206,7 +206,7 @@ def sandbox_env(work: Path) -> dict[str, str]:
     return {**keep, "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
             "HOME": str(work), "TMPDIR": "/tmp", "PYTHONPATH": str(settings.REPO), "OMP_NUM_THREADS": "1",
             "MPLBACKEND": "Agg", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter", "IPYTHONDIR": "/tmp/ipython", "JUPYTER_PLATFORM_DIRS": "1",
-            settings.DATA_DIR: str(data_dir()), GRADING: "1", settings.WARM_SERVER: "off"}
+            settings.DATA_DIR: str(data_dir()), GRADING: "1"}
 
 
 def command(kernel: list[str], work: Path, submission: Path, shared: list[Path], cgroup: str | None,

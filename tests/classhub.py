@@ -118,6 +118,26 @@ def as_user(user: str, *command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", user, "--", *command], capture_output=True, text=True, timeout=60)
 
 
+def need_a_hub(who: str) -> None:
+    """Skip, saying why, where `make hub` cannot run: not root (`who` creates Unix users and runs the hub
+    as root), or no npm for JupyterHub's proxy."""
+    if os.geteuid() != 0:
+        pytest.skip(f"{who} needs root: it creates Unix users and runs the hub as root, as `make hub` does")
+    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
+        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm (.ci/run does)")
+
+
+def artifacts_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """$DDP_LAB_ARTIFACTS/<name> (default: a temporary folder), emptied: where a hub test's log and
+    screenshots go."""
+    base = Path(os.environ["DDP_LAB_ARTIFACTS"]) if os.environ.get("DDP_LAB_ARTIFACTS") else \
+        tmp_path_factory.mktemp("artifacts")
+    folder = base / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 class ClassHub:
     """`make hub` with the test's class settings, its users and folders; started and stopped here."""
 

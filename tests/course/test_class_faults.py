@@ -39,8 +39,7 @@ from typing import Any
 
 import pytest
 import websocket
-from browser import VENV
-from classhub import ClassHub, _processes_of
+from classhub import ClassHub, _processes_of, artifacts_folder, need_a_hub
 from conftest import ROOT
 
 pytestmark = pytest.mark.launch
@@ -57,15 +56,8 @@ CHECK = ("from autograde.grading.api import check_steps\n"
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClassHub]:
-    if os.geteuid() != 0:
-        pytest.skip("the fault tests need root: they create Unix users and run the hub as root, as `make hub` does")
-    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
-        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm (.ci/run does)")
-    base = Path(os.environ["DDP_LAB_ARTIFACTS"]) if os.environ.get("DDP_LAB_ARTIFACTS") else \
-        tmp_path_factory.mktemp("artifacts")
-    artifacts = base / "class_faults"
-    shutil.rmtree(artifacts, ignore_errors=True)
-    artifacts.mkdir(parents=True)
+    need_a_hub("the fault test")
+    artifacts = artifacts_folder(tmp_path_factory, "class_faults")
     print(f"\nfaults during a class: the hub's log in {artifacts}")
     the_hub = ClassHub(artifacts, [TEACHER], [ADA])
     with the_hub.running():

@@ -53,10 +53,12 @@ from classhub import (
     ClassHub,
     Member,
     _processes_of,
+    artifacts_folder,
     as_user,
     formgrader_action,
     formgrader_row,
     members,
+    need_a_hub,
 )
 from conftest import Slurm
 
@@ -71,15 +73,8 @@ MEMORY_LIMIT = "1200M"  # each learner's, in this test: a server, a kernel and a
 
 @pytest.fixture(scope="module")
 def hub(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClassHub]:
-    if os.geteuid() != 0:
-        pytest.skip("the class test needs root: it creates Unix users and runs the hub as root, as `make hub` does")
-    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
-        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm (.ci/run does)")
-    base = Path(os.environ["DDP_LAB_ARTIFACTS"]) if os.environ.get("DDP_LAB_ARTIFACTS") else \
-        tmp_path_factory.mktemp("artifacts")
-    artifacts = base / "class_hub"
-    shutil.rmtree(artifacts, ignore_errors=True)
-    artifacts.mkdir(parents=True)
+    need_a_hub("the class test")
+    artifacts = artifacts_folder(tmp_path_factory, "class_hub")
     print(f"\nthe class on JupyterHub: screenshots and the hub's log in {artifacts}")
     the_hub = ClassHub(artifacts, [TEACHER], LEARNERS, memory=MEMORY_LIMIT)
     the_hub.chromium = chromium

@@ -5,23 +5,18 @@ Needs root (real users, cgroups) and JupyterHub's proxy (npm), as tests/course/t
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import class_load
 import pytest
-from browser import VENV
+from classhub import need_a_hub
 
 pytestmark = [pytest.mark.launch, pytest.mark.timeout(900)]
 
 
 def test_three_learners_checking_at_once_wait_their_turn_and_get_their_own_verdicts(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the class's load test needs root: it creates Unix users and runs the hub as root")
-    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
-        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm (.ci/run does)")
+    need_a_hub("the class's load test")
     status = class_load.main(["--learners", "3", "--checks-at-once", "1", "--spread", "1", "--logins", "2", "--timeout", "600",
                               "--no-alone", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "local-3.json").read_text())

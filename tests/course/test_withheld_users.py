@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from browser import VENV, chromium  # noqa: F401 (the fixture)
-from classhub import ClassHub, formgrader_action, formgrader_row, members
+from classhub import ClassHub, formgrader_action, formgrader_row, members, need_a_hub
 from conftest import ROOT
 
 from autograde import settings
@@ -236,8 +236,7 @@ def test_on_the_hub_the_instructor_releases_a_parts_solutions_in_the_formgrader(
     """`make hub` withholds the course (one line in its log); the learner's first login has no solution
     and their Assignments tab no `processes_talk_solutions`; the instructor's formgrader lists it,
     Generate and Release hand it out, and the learner fetches it in the browser."""
-    if not (VENV / "bin" / "configurable-http-proxy").exists() and not shutil.which("npm"):
-        pytest.skip("no npm for JupyterHub's proxy: apt-get install nodejs npm")
+    need_a_hub("the withheld course's hub test")
     hub = ClassHub(tmp_path_factory.mktemp("withheld_hub"), [HUB_TEACHER], [HUB_ADA])
     hub.chromium = chromium
     name = withheld.solutions_assignment(PART)

@@ -2,12 +2,11 @@
 nbgrader_config.py from), its log filtered of the lines that are known to be harmless here."""
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from autograde import settings
-from autograde.course.assignment import HERE, HIDDEN_GRADE_IDS, CourseError, root
+from autograde.course.assignment import HERE, CourseError, root
 from autograde.engine import processes
 
 # Known-harmless lines of nbgrader's log, left out of what the course commands print (and counted).
@@ -16,25 +15,11 @@ HARMLESS = {
     "tcp": re.compile(r"Kernel is running over TCP without encryption"),
     "alt": re.compile(r"GenerateFeedbackApp \| WARNING\] Alternative text is missing on \d+ image"),
 }
-CHECKSUM = re.compile(r"Attribute 'checksum' for cell (\S+) has changed! \(should be: (\w+), got: (\w+)\)")
 EXPLAINED = {
     "sqlalchemy": "SQLAlchemy warnings from inside nbgrader's gradebook",
     "tcp": "kernel notices that they talk over plain TCP (on this machine only)",
     "alt": "notes that a feedback page's figures (the notebooks' plots) have no alternative text",
-    "hidden": "grade cells restored with their hidden tests (nbgrader calls it 'checksum changed': the student "
-              "version of a cell with hidden tests differs from the source, jupyter/nbgrader#1961)",
 }
-
-
-def released_checksums() -> dict[str, str]:
-    """grade_id -> the checksum of that grade cell in the student version (release/)."""
-    sums = {}
-    for notebook in (root() / "release").glob("*/*.ipynb"):  # every part's: grade ids are unique
-        for cell in json.loads(notebook.read_text())["cells"]:
-            meta = cell["metadata"].get("nbgrader", {})
-            if meta.get("grade") and "checksum" in meta:
-                sums[meta["grade_id"]] = meta["checksum"]
-    return sums
 
 
 class NbgraderFailed(CourseError):
@@ -48,14 +33,12 @@ class NbgraderFailed(CourseError):
 class LogFilter:
     """Passes nbgrader's output through, without the lines known to be harmless, which it counts.
 
-    A "checksum changed" warning is harmless exactly when the submitted cell is the student
-    version's (its hidden tests were taken out on release and are put back now); a learner's
-    edit to a locked cell gives another checksum, and that warning is shown.
-    """
+    nbgrader's "checksum changed" warning is never one of them: grading runs the cells the course
+    wrote (sandbox.RestoreCourseCells), so nbgrader has no changed cell to warn of, and a warning
+    that comes all the same is shown."""
 
     def __init__(self) -> None:
         self.counts = {name: 0 for name in EXPLAINED}
-        self.released = released_checksums()
         self._skip_source_line = False
 
     def keep(self, line: str) -> bool:
@@ -68,10 +51,6 @@ class LogFilter:
                 self.counts[name] += 1
                 self._skip_source_line = name == "sqlalchemy"
                 return False
-        match = CHECKSUM.search(line)
-        if match and self.released.get(match[1]) == match[3] and match[1] in HIDDEN_GRADE_IDS:
-            self.counts["hidden"] += 1
-            return False
         return True
 
     def add(self, other: "LogFilter") -> None:

@@ -1,12 +1,16 @@
 """Hostile submissions, graded for real: each learner hands in, through nbgrader's real exchange, a
-fashion_mnist.py (or a notebook) that tries one thing grading must not allow, and the instructor
+fashion_mnist.py (and a notebook) that tries what grading must not allow, and the instructor
 grades the class with the course's command (`python -m autograde.course grade`, here only the
 notebook of Steps 0-2, whose checks run the script). Every submission's code runs as ddp-lab-grader
 in its sandbox (autograde/course/sandbox.py). What each tries, and what must happen:
 
 - most hostile files are the learner's honest Step 2 with the attack at the top: when the attack is
   contained the script goes on and earns what the honest file earns (3 points: Steps 0-2); where the
-  attack succeeds, it exits at once, and the score shows it;
+  attack succeeds, it exits at once, and the score shows it. The attacks that go on when contained
+  (reads, writes, a connection out, a daemon) are made by one learner, one after the other: seven
+  learners graded at once on two cores are load enough;
+- the faker prints a fake verdict, forges the checker's verdict files, and edits its notebook's
+  grade cells and points: it earns what its file earns;
 - the attacks that cannot go on (a fork bomb, endless memory, sleeping forever, filling the disk) are
   stopped by the sandbox's limits and named in the summary; they earn what their file did;
 - the honest learner's score is the same as everyone else's honest score, and after grading no
@@ -24,6 +28,7 @@ import shutil
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,6 +45,7 @@ HONEST = snapshot(2).read_text()
 # the sandbox's limits, small: a runaway ends within two minutes and takes at most one core
 LIMITS = {"seconds": 120, "memory": 1536 * 2**20, "cpus": 1.0, "processes": 256, "file_size": 64 * 2**20,
           "disk": 128 * 2**20}
+CONTAINED = ("reads", "writes", "network", "daemon")  # one learner tries them all, in this order
 PLANTED = b"score = 100"  # what the writer appends wherever it can
 LEAK = Path("/tmp/ddp-lab-hostile-leak")  # where an attack that got out would write
 
@@ -63,8 +69,8 @@ for _path in {secrets!r}:
     try:
         if _os.path.isdir(_path):
             _os.listdir(_path)
-        else:
-            open(_path, "rb").read(1)
+        elif open(_path, "rb").read({len(PLANTED)}) == {PLANTED!r}:
+            continue  # made in this sandbox by the write attack, on an earlier run of the file
     except OSError:
         continue
     raise SystemExit(f"read {{_path}}")  # never reached in the sandbox
@@ -234,6 +240,22 @@ def course_command(course: Path, *args: str, timeout: float = 300) -> str:
     return result.output
 
 
+def hand_in(base: Path, exchange: Path, name: str, text: str) -> None:
+    """The learner `name` fetches the lab with nbgrader, writes `text` as fashion_mnist.py, and submits."""
+    home = base / "learners" / name
+    work = home / "work"
+    work.mkdir(parents=True)
+    env = {"HOME": str(home), "JUPYTER_DATA_DIR": str(home / ".local/share/jupyter")}
+    args = [registry.FIRST, f"--course={assignment.COURSE_ID}", f"--Exchange.root={exchange}", f"--student={name}"]
+    for command in ("fetch_assignment", "submit"):
+        if command == "submit":
+            (work / registry.FIRST / "fashion_mnist.py").write_text(text)
+            if name == "fake":  # and tampers with the notebook too
+                tamper(work / registry.FIRST / f"{NOTEBOOK}.ipynb")
+        done = processes.run(["nbgrader", command, *args], cwd=work, timeout=120, env=env)
+        assert done.returncode == 0, done.output[-2000:]
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory, grading_sandbox: None) -> dict:
     base = tmp_path_factory.mktemp("hostile")
@@ -245,22 +267,12 @@ def graded(tmp_path_factory: pytest.TempPathFactory, grading_sandbox: None) -> d
     try:
         course_command(course, "release", "--from", "files")
         course_command(course, "release-exchange", "--exchange", str(exchange))
-        files = {name: with_attack(code) for name, code in attacks(course, exchange, listener.port).items()}
-        files["honest"] = HONEST
-        files["notebook"] = snapshot(0).read_text()  # Step 0 done: 1 point, whatever the notebook says
-        for name, text in files.items():
-            home = base / "learners" / name
-            work = home / "work"
-            work.mkdir(parents=True)
-            env = {"HOME": str(home), "JUPYTER_DATA_DIR": str(home / ".local/share/jupyter")}
-            args = [registry.FIRST, f"--course={assignment.COURSE_ID}", f"--Exchange.root={exchange}", f"--student={name}"]
-            for command in ("fetch_assignment", "submit"):
-                if command == "submit":
-                    (work / registry.FIRST / "fashion_mnist.py").write_text(text)
-                    if name == "notebook":
-                        tamper(work / registry.FIRST / f"{NOTEBOOK}.ipynb")
-                done = processes.run(["nbgrader", command, *args], cwd=work, timeout=120, env=env)
-                assert done.returncode == 0, done.output[-2000:]
+        found = attacks(course, exchange, listener.port)
+        # the attacks that, contained, let the file go on are made one after the other by one learner
+        files = {"contained": with_attack("".join(found.pop(name) for name in CONTAINED)),
+                 **{name: with_attack(code) for name, code in found.items()}, "honest": HONEST}
+        with ThreadPoolExecutor(max_workers=2) as pool:  # two learners at a time fetch and submit
+            list(pool.map(lambda learner: hand_in(base, exchange, *learner), files.items()))
         course_command(course, "collect", "--exchange", str(exchange))
         exchange_before = _tree(exchange)
         honest_before = _tree(course / "submitted" / "honest")
@@ -289,11 +301,12 @@ def test_the_honest_learner_is_graded_as_alone(graded: dict) -> None:
     assert graded["scores"]["honest"] == 3 and graded["honest_same"]
 
 
-@pytest.mark.parametrize("student", ["reads", "writes", "network", "daemon"])
-def test_an_attack_that_is_contained_earns_the_honest_score(graded: dict, student: str) -> None:
+def test_attacks_that_are_contained_earn_the_honest_score(graded: dict) -> None:
     """Reading the gradebook, the hidden tests, another's submission, the solutions; writing the gradebook,
-    the exchange, another's submission; connecting out; leaving a daemon: none works, so the file goes on."""
-    assert graded["scores"][student] == 3, graded["log"][-3000:]
+    the exchange, another's submission; connecting out; leaving a daemon: none works, so the file goes on
+    (a read or a connection that worked would have ended it, saying which; what a write or the daemon
+    left is looked for by test_nothing_got_out)."""
+    assert graded["scores"]["contained"] == 3, graded["log"][-3000:]
 
 
 def test_nothing_got_out(graded: dict) -> None:
@@ -306,13 +319,11 @@ def test_nothing_got_out(graded: dict) -> None:
     assert not list(autograded.rglob("filler*")), "the disk filler's files reached the grading folder"
 
 
-def test_fake_output_earns_nothing(graded: dict) -> None:
-    assert graded["scores"]["fake"] == 1  # Step 0 reads the source (its import is there); nothing else passes
-
-
-def test_a_tampered_notebook_is_graded_as_the_course_wrote_it(graded: dict) -> None:
-    assert graded["scores"]["notebook"] == 1
-    assert "cell(s) the learner added are not run" in summary_line(graded, "notebook"), graded["log"][-2000:]
+def test_fake_output_and_a_tampered_notebook_earn_nothing(graded: dict) -> None:
+    """Forged verdicts (3 points if believed), a notebook whose grade cells pass whatever happens (100s):
+    Step 0 reads the source (its import is there), and nothing else passes."""
+    assert graded["scores"]["fake"] == 1, graded["log"][-3000:]
+    assert "cell(s) the learner added are not run" in summary_line(graded, "fake"), graded["log"][-2000:]
 
 
 @pytest.mark.parametrize("student, limit", [("forkbomb", "the process limit"), ("memory", "the memory limit"),

@@ -212,6 +212,7 @@ def show(timings: list[Timing]) -> None:
 # at 0.08, 0.78 at 0.16; at 0.32 it reached 0.75 after epoch 3 and fell back to 0.51.
 REFERENCE = ("1 process, batch 16, lr 0.02", 1, 16, 0.02)
 EXPERIMENT = [REFERENCE, *((f"2 x 32, lr {r:g}", 2, 32, r) for r in (0.02, 0.04, 0.08, 0.16, 0.32))]
+QUICK_EXPERIMENT = [EXPERIMENT[0], EXPERIMENT[1], EXPERIMENT[3]]  # quick mode: the same rate, and scaled by 4
 
 
 def large_batch_data() -> Path:
@@ -222,13 +223,14 @@ def large_batch_data() -> Path:
     return folder
 
 
-def large_batch_runs(script: str = STUDY_SCRIPT, runs: Sequence[tuple[str, int, int, float]] = tuple(EXPERIMENT),
+def large_batch_runs(script: str = STUDY_SCRIPT, runs: Sequence[tuple[str, int, int, float]] | None = None,
                      epochs: int | None = None, options: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """One log per run (name, processes, batch per process, constant rate) of `script` on the check's
-    stand-in, --seed 0, for the check's budget of epochs (1 in quick mode); `options` go to every run."""
+    stand-in, --seed 0, for the check's budget of epochs (1 in quick mode); `options` go to every run.
+    The runs: EXPERIMENT's (three of them in quick mode) unless `runs` says."""
     folder = Path(tempfile.mkdtemp(prefix="ddp-lab-large-batch-"))
     logs = {}
-    for i, (name, n, batch, rate) in enumerate(runs):
+    for i, (name, n, batch, rate) in enumerate(runs or (QUICK_EXPERIMENT if runtime.QUICK else EXPERIMENT)):
         log = folder / f"run-{i}.jsonl"
         print(f"--- {name} ---")
         args = runtime.training_args(epochs=epochs or (1 if runtime.QUICK else batches.BUDGET), target_accuracy=0,

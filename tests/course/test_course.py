@@ -327,7 +327,7 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
     (submission / released.name).write_text(json.dumps(handed_in, indent=1))
     shutil.copytree(released.parent, assignment.root() / "submitted" / "bo" / LAB.id)  # bo leaves it as it was
     capsys.readouterr()
-    export = grading.grade(LAB.id, at_once=1)
+    export = grading.grade(LAB.id)  # both learners at once
     shown = capsys.readouterr().out
 
     graded = json.loads((assignment.root() / "autograded" / "ada" / LAB.id / released.name).read_text())
@@ -351,7 +351,7 @@ def test_an_answer_cell_is_released_kept_and_reported_pending_until_graded_by_ha
     assert grading.grades(export, LAB.id) == {"ada": 1, "bo": 0}
     assert grading.pending_by_hand(export, LAB.id) == {"ada": 0, "bo": 0}
     assert "to grade by hand" not in capsys.readouterr().out
-    export = grading.grade(LAB.id, at_once=1)  # grading again keeps the instructor's score
+    export = grading.grade(LAB.id)  # grading again keeps the instructor's score
     assert grading.grades(export, LAB.id) == {"ada": 1, "bo": 0}
     assert grading.pending_by_hand(export, LAB.id) == {"ada": 0, "bo": 0}
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pwd
 import re
 import shutil
 import socket
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from classhub import _processes_of
 from conftest import ROOT, snapshot
 
 from autograde.course import assignment, grading, sandbox
@@ -193,19 +193,6 @@ def _tree(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*"))}
 
 
-def _grader_processes() -> list[str]:
-    uid = pwd.getpwnam(sandbox.GRADER).pw_uid
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if proc.stat().st_uid == uid:
-                args = (proc / "cmdline").read_bytes().replace(bytes(1), b" ").decode(errors="replace")
-                found.append(f"{proc.name} {args[:120]}")
-        except OSError:
-            continue
-    return found
-
-
 class Listener:
     """A TCP server on every address of this machine that counts who connects."""
 
@@ -280,9 +267,9 @@ def graded(tmp_path_factory: pytest.TempPathFactory, grading_sandbox: None) -> d
         log = course_command(course, "grade", "--jobs", str(len(files)), "--notebook", NOTEBOOK, timeout=1200)
         took = time.monotonic() - started
         deadline = time.monotonic() + 30
-        while _grader_processes() and time.monotonic() < deadline:
+        while _processes_of(sandbox.GRADER) and time.monotonic() < deadline:
             time.sleep(0.5)
-        return {"course": course, "log": log, "took": took, "left": _grader_processes(),
+        return {"course": course, "log": log, "took": took, "left": _processes_of(sandbox.GRADER),
                 "scores": grading.grades(course / "grades.csv"), "connected": list(listener.connected),
                 "exchange_same": _tree(exchange) == exchange_before,
                 "planted": [str(p) for p in planted_targets(course, exchange) if p.exists() and PLANTED in p.read_bytes()],

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from browser import VENV, chromium  # noqa: F401 (the fixture)
+from browser import chromium  # noqa: F401 (the fixture)
 from classhub import ClassHub, formgrader_action, formgrader_row, members, need_a_hub
 from conftest import ROOT
 

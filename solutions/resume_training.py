@@ -131,9 +131,9 @@ def main():
             loss_sum += loss.detach()
             batches += 1
         dist.all_reduce(loss_sum)
-        if rank == 0:
-            print(f"epoch {epoch} | train loss {loss_sum.item() / (batches * dist.get_world_size()):.4f}", flush=True)
         save_checkpoint(args.checkpoint, model, optimizer, epoch)
+        if rank == 0:  # after the save: from here on a kill loses nothing of this epoch
+            print(f"epoch {epoch} | train loss {loss_sum.item() / (batches * dist.get_world_size()):.4f}", flush=True)
 
     dist.destroy_process_group()
 

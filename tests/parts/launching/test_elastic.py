@@ -70,7 +70,7 @@ def test_a_lost_node_leaves_the_survivor_to_go_on_alone_from_the_checkpoint(caps
     assert run.world_sizes == [2, 1], run.table()
     both, alone = run.lives
     assert both.ranks == {"A": 0, "B": 1} and alone.ranks == {"A": 0}, run.table()
-    # B was killed once rank 0 had finished epoch 2 (and saved it before its barrier with B)
+    # B was killed once rank 0 had finished epoch 2 and said so, after its checkpoint was complete
     assert sorted(both.epochs) == [1, 2] and both.ended_by == "a worker failed", run.table()
     assert alone.resumed_at == 3 and sorted(alone.epochs) == list(range(3, EPOCHS + 1)), run.table()
     assert [life.restart_count for life in run.lives] == [0, 1], run.table()

@@ -77,8 +77,12 @@ lint: setup
 	$(PY) -m ruff check autograde tests
 	$(PY) -m mypy --ignore-missing-imports autograde $(TYPED_TESTS)
 
+# Two lanes (pytest-xdist): while a test waits on a hub, a SLURM time limit or a timeout, the other lane
+# uses the core; tests/conftest.py keeps the tests that change what the whole machine shares in one lane.
+# LANES=0 runs the suite in one.
+LANES ?= 2
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 0,$(LANES)),-n $(LANES))
 
 # The tests that start no process: a test that starts one is marked `launch`, and tests/conftest.py
 # fails any test that starts one without the mark.

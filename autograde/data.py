@@ -13,6 +13,7 @@ note whenever it trains on it.
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 import sys
 from pathlib import Path
@@ -98,12 +99,20 @@ def make_split(size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def write_idx_images(path: Path, images: np.ndarray) -> None:
     """IDX3 file: magic 0x00000803 (unsigned bytes, 3 dimensions), the sizes big-endian, the pixels."""
-    path.write_bytes(struct.pack(">IIII", 0x0803, *images.shape) + images.tobytes())
+    _write_whole(path, struct.pack(">IIII", 0x0803, *images.shape) + images.tobytes())
 
 
 def write_idx_labels(path: Path, labels: np.ndarray) -> None:
     """IDX1 file: magic 0x00000801 (unsigned bytes, 1 dimension), the count big-endian, the labels."""
-    path.write_bytes(struct.pack(">II", 0x0801, len(labels)) + labels.tobytes())
+    _write_whole(path, struct.pack(">II", 0x0801, len(labels)) + labels.tobytes())
+
+
+def _write_whole(path: Path, content: bytes) -> None:
+    """Written beside `path`, then renamed onto it: a process that reads it while another writes the
+    same stand-in (two at once, from one shared folder) reads a whole file, never part of one."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(content)
+    os.replace(partial, path)
 
 
 def write_synthetic(root: Path, train_size: int = 60000, val_size: int = 10000, seed: int = 0) -> Path:

@@ -100,6 +100,34 @@ def _processes_of(name: str) -> list[str]:
     return _all_processes(pwd.getpwnam(name).pw_uid)
 
 
+def _processes_under(name: str, marker: str) -> list[str]:
+    """'pid command line' of every process of user `name` that is, or descends from, a process whose
+    command line holds `marker` (a sandbox's folder, which its bubblewrap names): one grading's, not
+    another's running beside it. A process cannot leave its sandbox's tree: bubblewrap gives each a
+    PID namespace, whose end ends every process in it."""
+    uid = pwd.getpwnam(name).pw_uid
+    parent: dict[int, int] = {}
+    line: dict[int, bytes] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            line[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError, ValueError):
+            continue
+
+    def under(pid: int) -> bool:
+        seen = set()
+        while pid in line and pid not in seen:
+            if marker.encode() in line[pid]:
+                return True
+            seen.add(pid)
+            pid = parent.get(pid, 0)
+        return False
+
+    return [f"{pid} {line[pid].decode(errors='replace')}" for pid in line
+            if pid != os.getpid() and _owner(Path(f"/proc/{pid}")) == uid and under(pid)]
+
+
 def _all_processes(uid: int | None = None) -> list[str]:
     """'pid command line' of every process (of user `uid`) but this one."""
     found = []

@@ -39,6 +39,65 @@ TRAIN_SIZE, VAL_SIZE = 640, 301  # 301: two processes' validation shards need th
 QUICK = ["--widen-factor", "1", "--batch-size", "64", "--epochs", "1"]
 
 
+# --- Two lanes -----------------------------------------------------------------------------------
+# `make test` runs the suite in two lanes (pytest-xdist, `-n 2`, with the scheduler below): one test waiting on a
+# hub, a SLURM time limit or a hang's timeout leaves a core to the other lane. A test file is a lane's
+# unit of work, whole (its module fixtures are made once: test_course.py grades the later parts once);
+# the files that change or count what the whole machine shares (the hub's users, modes and sudo rule,
+# the course's SLURM cluster, the notebooks that bring it up) are one unit, one test after another as
+# they would run alone. The longest units go first: the machine's (which mostly waits), then the
+# later parts' grading (which computes); the other files fill in around them.
+MACHINE_WIDE = ("course/test_class_hub.py", "course/test_class_faults.py", "course/test_class_load.py",
+                "course/test_withheld_users.py", "course/test_withheld.py", "core/test_slurm_cluster.py",
+                "parts/launching/test_slurm_demos.py", "parts/launching/test_slurm_env.py",
+                "parts/launching/test_slurm_job.py", "parts/launching/test_slurm_signal.py",
+                "notebooks/test_notebooks.py", "notebooks/test_browser.py")
+FIRST = ("machine", "course/test_course.py")
+_IN_A_LANE = os.environ.get("PYTEST_XDIST_WORKER") is not None
+if _IN_A_LANE:  # every process a lane launches carries the lane's mark first (each launch adds its own)
+    os.environ[processes.MARK] = ":".join(filter(None, [os.environ.get(processes.MARK),
+                                                        f"lane-{os.environ['PYTEST_XDIST_WORKER']}-{os.getpid()}"]))
+
+
+def launched_here(mark: str | None) -> bool:
+    """Whether a process with this launch mark (processes._processes()) was launched by this session,
+    in lanes by this lane: a test that looks for its leftovers must not count the other lane's runs."""
+    own = os.environ.get(processes.MARK)
+    if not mark or mark == own:
+        return False
+    return own is None or mark.startswith(own + ":")
+
+
+def _lanes(config: pytest.Config) -> bool:
+    """True in the main process of a run in lanes (the one that starts them and reports)."""
+    return bool(getattr(config.option, "numprocesses", None)) and not _IN_A_LANE
+
+
+def _unit(path: str) -> str:
+    """The lane's unit of work a test of the file `path` (from the repository's root) belongs to."""
+    path = path.removeprefix("tests/")
+    return "machine" if path in MACHINE_WIDE else path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: the main process's scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):  # type: ignore[misc]
+        """Each unit (`_unit`) whole to one lane, in the order collected; a lane takes the next unit when
+        it has two tests or fewer left."""
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid.split("::")[0])
+
+    return Units(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _IN_A_LANE:  # the lanes collect, the main process schedules in their order: the units of FIRST first
+        first = {unit: n for n, unit in enumerate(FIRST)}
+        items.sort(key=lambda item: first.get(_unit(item.nodeid.split("::")[0]), len(FIRST)))  # stable
+
+
 # --- The launch mark, enforced ---------------------------------------------------------------------
 # Every way a test could start a process, each replaced, in a test not marked `launch`, by a refusal:
 # subprocess (and os.popen, asyncio's subprocesses) through Popen; multiprocessing's processes, whatever
@@ -113,15 +172,12 @@ def fresh_verdicts(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["DDP_LAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("verdicts"))
 
 
-@pytest.fixture(scope="session")
-def grading_sandbox() -> Iterator[None]:
+def _opened_for_the_grader() -> list[tuple[Path, int]]:
     """Grading runs each submission as ddp-lab-grader in bubblewrap (autograde/course/sandbox.py), which
     must reach the course and its Python: the folders on the way that are closed to other users (here
-    /root, where pyenv keeps Python) are opened for the session and closed again. Skips, saying why,
-    where the sandbox cannot be made (not root and no sudo rule, no bubblewrap)."""
+    /root, where pyenv keeps Python) are opened (o+x). Each with the mode it had, to close it again."""
     import stat
 
-    from autograde.course import sandbox
     from autograde.course.hub.settings import closed_folders
 
     opened: list[tuple[Path, int]] = []
@@ -130,6 +186,22 @@ def grading_sandbox() -> Iterator[None]:
             for folder in closed_folders(path):
                 opened.append((folder, stat.S_IMODE(folder.stat().st_mode)))
                 folder.chmod(stat.S_IMODE(folder.stat().st_mode) | 0o001)
+    return opened
+
+
+def _close(opened: list[tuple[Path, int]]) -> None:
+    for folder, mode in reversed(opened):
+        folder.chmod(mode)
+
+
+@pytest.fixture(scope="session")
+def grading_sandbox() -> Iterator[None]:
+    """The folders the grader must reach, open for the session (in lanes, the main process holds
+    them open until both lanes are done: one lane must not close them under the other's grading).
+    Skips, saying why, where the sandbox cannot be made (not root and no sudo rule, no bubblewrap)."""
+    from autograde.course import sandbox
+
+    opened = [] if _IN_A_LANE else _opened_for_the_grader()
     try:
         try:
             sandbox.ready()
@@ -137,8 +209,7 @@ def grading_sandbox() -> Iterator[None]:
             pytest.skip(f"no grading sandbox here: {err}")
         yield
     finally:
-        for folder, mode in reversed(opened):
-            folder.chmod(mode)
+        _close(opened)
 
 
 def snapshot(step: int) -> Path:
@@ -293,17 +364,20 @@ _CLUSTER_BEFORE = _course_cluster_running()  # one of the developer's own (make 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A course cluster that came up during the session is taken down at its end (outside any test,
     whose `launch` guard would refuse the commands that stop it), leaving no daemon behind: the one
-    the tests brought up, or one a notebook or a check brought up and, failing, left running."""
-    if _SLURM.started or (not _CLUSTER_BEFORE and _course_cluster_running()):
+    the tests brought up, or one a notebook or a check brought up and, failing, left running. In lanes,
+    a lane takes down only the one it brought up; the main process, once both are done, any other."""
+    if _SLURM.started or (not _IN_A_LANE and not _CLUSTER_BEFORE and _course_cluster_running()):
         from autograde.cluster import slurm as slurm_cluster
 
         slurm_cluster.down()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The session's warm-start server stops after the summary (which counts its warm starts)."""
+    """The session's warm-start server stops after the summary (which counts its warm starts), and the
+    folders opened for the lanes' grading close again."""
     for server in _WARM:
         server.stop()
+    _close(_OPENED)
 
 
 # --- The suite's cost, in imports of torch -----------------------------------------------------
@@ -316,17 +390,37 @@ _COST: dict[str, float] = {}
 _WARM: list[processes.WarmServer] = []
 
 
+_OPENED: list[tuple[Path, int]] = []
+
+
+def _measure_and_warm() -> None:
+    """The unit of the suite's cost, measured here, then one warm-start server for the whole run (the
+    lanes' too: they inherit its address): the course's start-up on every launch's path, traced or not,
+    so that every Python process starts warm; one thread per launched process, whether a test's launch
+    goes through processes.child_env or not (which also lets the server serve them: it loaded torch
+    with these)."""
+    _COST["torch_import"] = processes.torch_import_seconds()
+    _COST["start"] = time.monotonic()
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if os.environ.get(WARM_SERVER) is None:
+        _WARM.append(processes.WarmServer())
+        os.environ.update(_WARM[0].environment())
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STARTUP), os.environ.get("PYTHONPATH")]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In lanes, the main process does before they start what a session does once collected."""
+    if _lanes(config) and not config.option.collectonly:
+        config.option.loadscopereorder = False  # the units in FIRST's order, not by their number of tests
+        _measure_and_warm()
+        _OPENED.extend(_opened_for_the_grader())
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any(item.get_closest_marker("launch") for item in session.items) and not session.config.option.collectonly:
-        _COST["torch_import"] = processes.torch_import_seconds()
-        _COST["start"] = time.monotonic()
-        # one thread per launched process, whether a test's launch goes through processes.child_env
-        # or not (which also lets the warm-start server serve them: it loaded torch with these)
-        os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        if os.environ.get(WARM_SERVER) is None:  # one warm-start server for the whole run, every launch's:
-            _WARM.append(processes.WarmServer())  # the course's start-up on every launch's path, traced or
-            os.environ.update(_WARM[0].environment())  # not, so that every Python process starts warm
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STARTUP), os.environ.get("PYTHONPATH")]))
+    if _IN_A_LANE or _lanes(session.config) or session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker("launch") for item in session.items):
+        _measure_and_warm()
 
 
 def _warm_starts() -> str:

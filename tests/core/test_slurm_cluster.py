@@ -83,18 +83,21 @@ def test_the_job_runner_cancels_its_job_when_stopped(slurm: Slurm, tmp_path: Pat
     assert result.returncode == 128 + signal.SIGTERM, result.output
     queue = lambda: subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True,  # noqa: E731
                                    env={**os.environ, **slurm.env}, timeout=30).stdout
-    assert _none_left("exec sleep 300", "sleep 300"), f"a task outlived its cancelled job; squeue: {queue()!r}"
+    left = _left("exec sleep 300", "sleep 300")
+    assert not left, f"tasks outlived their cancelled job: {left}; squeue: {queue()!r}"
 
 
-def _none_left(*commands: str, seconds: float = 20) -> bool:
-    """Whether every process running one of `commands` has gone, within `seconds`."""
+def _left(*commands: str, seconds: float = 60) -> list[str]:
+    """The processes running one of `commands` ('pid seconds-old state command') once every one has gone
+    or `seconds` have passed: a loaded machine can take a while to end a cancelled job's tasks."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout.splitlines()
-        if not any(line.strip() in commands for line in found):
-            return True
+    while True:
+        found = subprocess.run(["ps", "-eo", "pid=,etimes=,stat=,args="], capture_output=True, text=True,
+                               timeout=10).stdout.splitlines()
+        left = [line.strip() for line in found if line.split(None, 3)[-1].strip() in commands]
+        if not left or time.monotonic() > deadline:
+            return left
         time.sleep(0.2)
-    return False
 
 
 def test_down_leaves_nothing_behind(slurm: Slurm, tmp_path: Path) -> None:
@@ -116,5 +119,6 @@ def test_down_leaves_nothing_behind(slurm: Slurm, tmp_path: Path) -> None:
     left = [pid for pid in pids if Path(f"/proc/{pid}").exists()
             and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
     assert not left, f"daemons still running: {left}"
-    assert _none_left("sleep 301", "slurmstepd: [1.0]", "slurmstepd: [1.batch]"), "a job step outlived the cluster"
+    left = _left("sleep 301", "slurmstepd: [1.0]", "slurmstepd: [1.batch]")
+    assert not left, f"job steps outlived the cluster: {left}"
     assert "ddp-lab-slurm" not in Path("/etc/hosts").read_text()

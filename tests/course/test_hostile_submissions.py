@@ -25,13 +25,14 @@ import json
 import re
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from classhub import _processes_of
+from classhub import _processes_under
 from conftest import ROOT, snapshot
 
 from autograde.course import assignment, grading, sandbox
@@ -220,9 +221,10 @@ class Listener:
         self.server.close()
 
 
-def course_command(course: Path, *args: str, timeout: float = 300) -> str:
+def course_command(course: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
     result = processes.run([processes.PYTHON, "-m", "autograde.course", *args], cwd=ROOT, timeout=timeout,
-                           env={"DDP_LAB_COURSE_DIR": str(course), "DDP_LAB_GRADE_LIMITS": json.dumps(LIMITS)})
+                           env={"DDP_LAB_COURSE_DIR": str(course), "DDP_LAB_GRADE_LIMITS": json.dumps(LIMITS),
+                                **(env or {})})
     assert result.returncode == 0 and not result.timed_out, result.output[-4000:]
     return result.output
 
@@ -251,6 +253,8 @@ def graded(tmp_path_factory: pytest.TempPathFactory, grading_sandbox: None) -> d
     exchange.chmod(0o777)
     listener = Listener()
     LEAK.unlink(missing_ok=True)
+    sandboxes = Path(tempfile.mkdtemp(prefix="ddp-lab-hostile-sandboxes-"))
+    sandboxes.chmod(0o711)  # the grader reaches its own folders in it, and lists none
     try:
         course_command(course, "release", "--from", "files")
         course_command(course, "release-exchange", "--exchange", str(exchange))
@@ -264,18 +268,22 @@ def graded(tmp_path_factory: pytest.TempPathFactory, grading_sandbox: None) -> d
         exchange_before = _tree(exchange)
         honest_before = _tree(course / "submitted" / "honest")
         started = time.monotonic()
-        log = course_command(course, "grade", "--jobs", str(len(files)), "--notebook", NOTEBOOK, timeout=1200)
+        # the sandboxes' folders in one of the test's own, so that what is left is this grading's, not
+        # that of a test grading beside it (make test's other lane)
+        log = course_command(course, "grade", "--jobs", str(len(files)), "--notebook", NOTEBOOK, timeout=1200,
+                             env={"TMPDIR": str(sandboxes)})
         took = time.monotonic() - started
         deadline = time.monotonic() + 30
-        while _processes_of(sandbox.GRADER) and time.monotonic() < deadline:
+        while _processes_under(sandbox.GRADER, str(sandboxes)) and time.monotonic() < deadline:
             time.sleep(0.5)
-        return {"course": course, "log": log, "took": took, "left": _processes_of(sandbox.GRADER),
+        return {"course": course, "log": log, "took": took, "left": _processes_under(sandbox.GRADER, str(sandboxes)),
                 "scores": grading.grades(course / "grades.csv"), "connected": list(listener.connected),
                 "exchange_same": _tree(exchange) == exchange_before,
                 "planted": [str(p) for p in planted_targets(course, exchange) if p.exists() and PLANTED in p.read_bytes()],
                 "honest_same": _tree(course / "submitted" / "honest") == honest_before}
     finally:
         listener.close()
+        shutil.rmtree(sandboxes, ignore_errors=True)
 
 
 def summary_line(graded: dict, student: str) -> str:

@@ -6,13 +6,12 @@ that ends by itself is said so in a line. (The project fixed runs in the noteboo
 grading test, tests/course/test_course.py, with every exercise solved.)"""
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_python
+from conftest import ROOT, launched_here, run_python
 
 from autograde.engine import processes
 from autograde.parts.inside import notebook as inside
@@ -26,10 +25,9 @@ def _hangs_running(deadline: float = 30.0) -> list[int]:
     """Live processes that a launch of this test started (each carries its launch's mark, and runs
     hangs.py or py-spy), once they have had up to `deadline` seconds to be reaped: a loaded machine
     can take a while to end the processes a launch killed."""
-    own = os.environ.get(processes.MARK)
     give_up = time.monotonic() + deadline
     while True:
-        left = [pid for state, _, _, pid, mark in processes._processes() if mark and mark != own and state != "Z"
+        left = [pid for state, _, _, pid, mark in processes._processes() if launched_here(mark) and state != "Z"
                 and _runs_hangs(pid)]
         if not left or time.monotonic() > give_up:
             return left

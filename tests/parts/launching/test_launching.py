@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_clean_error, run_python
+from conftest import ROOT, assert_clean_error, launched_here, run_python
 
 from autograde.engine import processes
 from autograde.engine.verdicts import Failed
@@ -36,16 +36,23 @@ def test_the_kill_test_passes_on_the_solution() -> None:
     assert not _running("resume_training.py")
 
 
-def _running(name: str) -> list[int]:
-    """Processes of this machine whose command line names `name` (the tests' own leftovers)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if name.encode() in cmdline.read_bytes() and int(cmdline.parent.name) != os.getpid():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
+def _running(name: str, deadline: float = 30.0) -> list[int]:
+    """Live processes this session launched (in lanes, this lane) whose command line names `name`,
+    once they have had up to `deadline` seconds to end: the test's own leftovers, not another test's."""
+    give_up = time.monotonic() + deadline
+    while True:
+        left = [pid for state, _, _, pid, mark in processes._processes()
+                if state != "Z" and launched_here(mark) and name.encode() in _cmdline(pid)]
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.2)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.launch

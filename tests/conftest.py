@@ -446,6 +446,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("cost in imports of torch")
     for path, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:20]:
         write(f"{seconds:8.1f} s {seconds / unit:7.0f} imports  {path}")
+    lanes = getattr(config.option, "numprocesses", None)
     write(f"the session: {wall / 60:.1f} min of tests = {wall / unit:.0f} imports of torch "
-          f"(one import took {unit:.2f} s here, measured at the start)")
+          f"(one import took {unit:.2f} s here, measured at the start)"
+          + (f"; in {lanes} lanes, a file's seconds above are those of the lane that ran it" if lanes else ""))
     write(_warm_starts())

@@ -169,12 +169,12 @@ def profile(nproc: int = 2, folder: str | Path | None = None) -> dict[str, Any]:
     return timed("--profile", str(out), nproc=nproc)
 
 
-QUICK_FIXES = ("--preload", "--accumulate")  # besides the baseline, in quick mode
+QUICK_FIXES = ("--preload",)  # besides the baseline, in quick mode (it shows the cells run: two runs do)
 
 
 def fixes(nproc: int = 2, quick: bool = False) -> list[Timing]:
     """Every fix of FIXES timed in one sitting, one after the other, on this machine (`quick`: the
-    baseline, the preloaded data and the accumulation pair)."""
+    baseline and the preloaded data)."""
     on_gpu = gpu_count() >= nproc
     found = []
     for k, (name, options, note) in enumerate(FIXES, 1):

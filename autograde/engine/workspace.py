@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,6 +91,8 @@ class Workspace:
         self.runs: dict[str, Run] = {}
         self.replaying = False  # True: the runs come from a recording (replay), and none is made
         self._may_launch = True  # False: only the runs made so far may be read (only_made)
+        self._locks: dict[str, threading.Lock] = {}  # a run's: at_once's threads and the check's own ask make it once
+        self._making = threading.Lock()  # guards _locks
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -168,12 +171,20 @@ class Workspace:
         when it starts); command i sees the GPUs `gpus[i]` (all of them where None); `read(folder)`
         gives the run's report once it has ended."""
         key = kind.key(which)
-        if key not in self.runs:
-            folder = self.root / key.replace("/", "-")
-            folder.mkdir()
-            results, stalled = self._launch(label, commands(folder), folder, gpus, env, about)
-            self.runs[key] = Run(label, results, read_traces(folder), read(folder), stalled, argv)
+        with self._lock_of(key):
+            if key not in self.runs:
+                folder = self.root / key.replace("/", "-")
+                if folder.exists():  # an earlier try that failed before its run was kept (at_once goes on)
+                    shutil.rmtree(folder)
+                folder.mkdir()
+                results, stalled = self._launch(label, commands(folder), folder, gpus, env, about)
+                self.runs[key] = Run(label, results, read_traces(folder), read(folder), stalled, argv)
         return self.runs[key]
+
+    def _lock_of(self, key: str) -> threading.Lock:
+        """The lock of one run: two threads that ask for the same run make it once, the second waits for it."""
+        with self._making:
+            return self._locks.setdefault(key, threading.Lock())
 
     def launched(self, kind: RunKind, which: str, label: str, argv: list[str], env: dict[str, str] | None = None) -> Run:
         """`python <script> ARGV` as the learner would type it (the script starts its own processes)."""

@@ -1,6 +1,9 @@
 """How a run's ending is told, on recorded traces (no launch: these are the words, not the runs)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from conftest import recorded_trace
 
 from autograde import protocol as formats
@@ -76,3 +79,26 @@ def test_ranks_claimed_again_after_a_restart_are_not_claimed_twice() -> None:
     first, restarted = claims(None, "0", pid=5, lasting=1), claims(None, "0", pid=6)
     restarted.events = [{**e, "t": e["t"] + 10} for e in restarted.events]
     assert _port_taken(first, restarted).one_rank_twice() is None
+
+
+def test_a_run_whose_first_try_failed_is_made_again_from_an_empty_folder(tmp_path: Path) -> None:
+    """at_once goes on past a maker that failed; the check then asks for the run itself, and the
+    folder of the failed try is in the way: that second try must start afresh, and fail or pass on
+    its own (under load it once failed with FileExistsError, blamed on the checker)."""
+    from autograde.engine.workspace import RunKind, Workspace
+
+    ws = Workspace(tmp_path / "fashion_mnist.py")
+    tries: list[Path] = []
+
+    def commands(folder: Path) -> list[list[str]]:
+        (folder / "left by this try").write_text("")
+        tries.append(folder)
+        raise RuntimeError(f"try {len(tries)} failed")
+
+    try:
+        for n in (1, 2):
+            with pytest.raises(RuntimeError, match=f"try {n} failed"):
+                ws.once(RunKind("pi"), "2", "the run with 2 processes", commands, [])
+            assert [p.name for p in tries[-1].iterdir()] == ["left by this try"]  # the first try's file is gone
+    finally:
+        ws.close()

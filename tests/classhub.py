@@ -429,6 +429,24 @@ class Member:
         self.page.keyboard.type(command + "\n")
         return wait_for_text(screen, expect, timeout)
 
+    def stop_server(self, timeout: float = 120) -> None:
+        """Stop My Server on the hub's home page, until the button goes; AssertionError with the hub's log if not.
+
+        The page binds the button's click in a script it loads after the page itself (RequireJS): a click that
+        comes first does nothing, so a button still there after a while is clicked again, as a person would."""
+        self.page.goto(f"{self.hub.url}/hub/home", wait_until="networkidle")
+        stop, failed = self.page.locator("#stop"), self.page.locator(".modal-dialog:visible").first
+        deadline = time.monotonic() + timeout
+        while stop.is_visible():
+            assert not failed.is_visible(), f"stopping failed: {failed.text_content()}\n{self.hub.log_tail()}"
+            assert time.monotonic() < deadline, \
+                f"{self.user}'s server was not stopped in {timeout:.0f} s; the hub's log:\n{self.hub.log_tail()}"
+            stop.click()
+            try:
+                stop.wait_for(state="hidden", timeout=20_000)
+            except Exception:  # playwright's TimeoutError: look again, click again
+                pass
+
     def close(self) -> None:
         self.context.close()
 

@@ -296,9 +296,7 @@ def test_with_the_slurm_spawner_each_server_is_a_job_and_checks_run_in_it(
                                   "python -m autograde check --step 0", r"Step 0\s+(pass|FAIL)")
             assert re.search(r"job \d+ on n\d", screen), screen
         with ada.steps.step("slurm-stopping-the-server-ends-the-job"):
-            ada.page.goto(f"{hub.url}/hub/home")
-            ada.page.locator("#stop").click()
-            ada.page.locator("#stop").wait_for(state="hidden", timeout=120_000)
+            ada.stop_server()
             deadline = time.monotonic() + 60
             while subprocess.run(["squeue", "-h", "-u", ADA], capture_output=True, text=True, env=env,
                                  timeout=30).stdout.strip():

@@ -68,14 +68,35 @@ def launched_here(mark: str | None) -> bool:
     return own is None or mark.startswith(own + ":")
 
 
+def left_running(*names: str, deadline: float = 30.0) -> list[int]:
+    """Live processes this session launched (in lanes, this lane) whose command line holds one of `names`,
+    once they have had up to `deadline` seconds to end: a test's own leftovers, never another test's (a loaded
+    machine can take a while to reap what a launch killed)."""
+    wanted = [name.encode() for name in names]
+    give_up = time.monotonic() + deadline
+    while True:
+        left = [pid for state, _, _, pid, mark in processes._processes()
+                if state != "Z" and launched_here(mark) and any(name in _cmdline(pid) for name in wanted)]
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.2)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone while we looked
+
+
 def _lanes(config: pytest.Config) -> bool:
     """True in the main process of a run in lanes (the one that starts them and reports)."""
     return bool(getattr(config.option, "numprocesses", None)) and not _IN_A_LANE
 
 
-def _unit(path: str) -> str:
-    """The lane's unit of work a test of the file `path` (from the repository's root) belongs to."""
-    path = path.removeprefix("tests/")
+def _unit(nodeid: str) -> str:
+    """The lane's unit of work the test `nodeid` (or its file, from the repository's root) belongs to."""
+    path = nodeid.split("::")[0].removeprefix("tests/")
     return "machine" if path in MACHINE_WIDE else path
 
 
@@ -87,7 +108,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """Each unit (`_unit`) whole to one lane, in the order collected; a lane takes the next unit when
         it has two tests or fewer left."""
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid.split("::")[0])
+            return _unit(nodeid)
 
     return Units(config, log)
 
@@ -95,7 +116,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _IN_A_LANE:  # the lanes collect, the main process schedules in their order: the units of FIRST first
         first = {unit: n for n, unit in enumerate(FIRST)}
-        items.sort(key=lambda item: first.get(_unit(item.nodeid.split("::")[0]), len(FIRST)))  # stable
+        items.sort(key=lambda item: first.get(_unit(item.nodeid), len(FIRST)))  # stable
 
 
 # --- The launch mark, enforced ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ def test_a_file_is_a_unit_and_the_machine_wide_files_are_one() -> None:
     assert {_unit(f"tests/{path}") for path in MACHINE_WIDE} == {"machine"}
     assert _unit("tests/course/test_course.py") == "course/test_course.py"
     assert _unit("tests/core/test_lanes.py") == "core/test_lanes.py"
+    assert _unit("tests/course/test_class_hub.py::test_x[a::b]") == "machine"  # a test id: its file decides
     assert FIRST[0] == "machine" and all(unit == "machine" or (TESTS / unit).is_file() for unit in FIRST)
 
 

@@ -7,11 +7,9 @@ grading test, tests/course/test_course.py, with every exercise solved.)"""
 from __future__ import annotations
 
 import re
-import time
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, launched_here, run_python
+from conftest import ROOT, left_running, run_python
 
 from autograde.engine import processes
 from autograde.parts.inside import notebook as inside
@@ -21,33 +19,12 @@ pytestmark = pytest.mark.launch  # every test here starts processes
 SCRIPT = ROOT / inside.HANGS
 
 
-def _hangs_running(deadline: float = 30.0) -> list[int]:
-    """Live processes that a launch of this test started (each carries its launch's mark, and runs
-    hangs.py or py-spy), once they have had up to `deadline` seconds to be reaped: a loaded machine
-    can take a while to end the processes a launch killed."""
-    give_up = time.monotonic() + deadline
-    while True:
-        left = [pid for state, _, _, pid, mark in processes._processes() if launched_here(mark) and state != "Z"
-                and _runs_hangs(pid)]
-        if not left or time.monotonic() > give_up:
-            return left
-        time.sleep(0.2)
-
-
-def _runs_hangs(pid: int) -> bool:
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False  # gone while we looked
-    return b"hangs.py" in command or b"py-spy" in command
-
-
 def test_a_barrier_on_rank_0_alone_is_found_where_each_rank_waits() -> None:
     stacks = inside.where_they_wait("one_rank_collective", settle=3)
     assert inside.waiting_line(stacks[0]).startswith("in barrier (")
     assert inside.waiting_line(stacks[1]).startswith("in all_reduce (")
     assert all("(hangs.py:" in inside.waiting_line(frames) for frames in stacks.values())
-    assert not _hangs_running()
+    assert not left_running("hangs.py", "py-spy")
 
 
 def test_without_py_spy_faulthandler_gives_the_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +32,7 @@ def test_without_py_spy_faulthandler_gives_the_stacks(monkeypatch: pytest.Monkey
     stacks = inside.where_they_wait("uneven_batches", settle=3)
     assert inside.waiting_line(stacks[0]).startswith("in barrier (")
     assert any("backward" in frame for frame in stacks[1]), stacks[1]  # rank 1: its extra batch's backward()
-    assert not _hangs_running()
+    assert not left_running("hangs.py", "py-spy")
 
 
 def test_detail_names_the_collectives_the_ranks_disagree_on() -> None:
@@ -72,13 +49,13 @@ def test_the_project_hangs_first_in_its_validation_on_rank_0_and_at_the_epoch_s_
     assert any(frame.startswith("evaluate (hang_training.py:") for frame in stacks[0]), stacks[0]
     assert inside.waiting_line(stacks[1], "hang_training.py").startswith("in barrier ("), stacks[1]
     assert any(frame.startswith("worker (hang_training.py:") for frame in stacks[1]), stacks[1]
-    assert not _hangs_running()
+    assert not left_running("hangs.py", "py-spy")
 
 
 def test_a_run_that_does_not_hang_is_said_in_one_line() -> None:
     with pytest.raises(inside.HangError, match="ended by itself"):
         inside.where_they_wait("none", settle=30)
-    assert not _hangs_running()
+    assert not left_running("hangs.py", "py-spy")
 
 
 def test_the_fix_for_uneven_batches_needs_ddp() -> None:
@@ -94,7 +71,7 @@ def test_a_hang_that_times_out_ends_in_one_line() -> None:
     assert result.returncode == 1 and not result.timed_out and "Traceback" not in result.output, result.output[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("hangs.py:")]
     assert re.fullmatch(r"hangs\.py: rank [01] stopped waiting: .*Timed out waiting 5000ms for recv operation.*", line), line
-    assert not _hangs_running()
+    assert not left_running("hangs.py", "py-spy")
 
 
 def test_the_notebook_s_timeout_message_is_that_line(monkeypatch: pytest.MonkeyPatch) -> None:

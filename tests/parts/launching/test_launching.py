@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_clean_error, launched_here, run_python
+from conftest import ROOT, assert_clean_error, left_running, run_python
 
 from autograde.engine import processes
 from autograde.engine.verdicts import Failed
@@ -33,26 +33,7 @@ def test_the_kill_test_passes_on_the_solution() -> None:
     assert checkpoint.passed is True, checkpoint.observed
     assert resume.passed is True, resume.observed
     assert "went on from epoch 2" in resume.observed and "identical" in resume.observed, resume.observed
-    assert not _running("resume_training.py")
-
-
-def _running(name: str, deadline: float = 30.0) -> list[int]:
-    """Live processes this session launched (in lanes, this lane) whose command line names `name`,
-    once they have had up to `deadline` seconds to end: the test's own leftovers, not another test's."""
-    give_up = time.monotonic() + deadline
-    while True:
-        left = [pid for state, _, _, pid, mark in processes._processes()
-                if state != "Z" and launched_here(mark) and name.encode() in _cmdline(pid)]
-        if not left or time.monotonic() > give_up:
-            return left
-        time.sleep(0.2)
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    assert not left_running("resume_training.py")
 
 
 @pytest.mark.launch

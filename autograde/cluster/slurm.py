@@ -95,7 +95,7 @@ def _conf(folder: Path, nodes: list[str], cpus: int, gpus: int) -> str:
         f"StateSaveLocation={folder}/state", f"SlurmdSpoolDir={folder}/spool/%n",
         f"SlurmctldPidFile={folder}/run/slurmctld.pid", f"SlurmdPidFile={folder}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={folder}/log/slurmctld.log", f"SlurmdLogFile={folder}/log/slurmd-%n.log",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SchedulerType=sched/backfill",
+        "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         "SwitchType=switch/none", "InactiveLimit=0", "KillWait=5", "MinJobAge=300", "SlurmctldTimeout=30",

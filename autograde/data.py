@@ -16,6 +16,7 @@ import argparse
 import os
 import struct
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -155,6 +156,13 @@ def choose(real: Path, fake: Path | None = None, train_size: int = 60000, val_si
             say(f"No Fashion-MNIST in {real} (`make data` downloads it): writing the synthetic stand-in to {fake} ...")
         write_synthetic(fake, train_size, val_size, seed)
     return fake, True
+
+
+def temp_stand_in(name: str, train_size: int, val_size: int, seed: int = 5) -> Path:
+    """A synthetic stand-in of this size in the folder `name` of the temporary folder, written on first use
+    (a notebook's demos share it from one cell, and one run, to the next)."""
+    folder = Path(tempfile.gettempdir()) / name
+    return choose(folder, folder, train_size, val_size, seed)[0]
 
 
 def download(root: Path) -> None:

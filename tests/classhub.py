@@ -434,6 +434,8 @@ class Member:
 
         The page binds the button's click in a script it loads after the page itself (RequireJS): a click that
         comes first does nothing, so a button still there after a while is clicked again, as a person would."""
+        from playwright.sync_api import TimeoutError as PageTimeout
+
         self.page.goto(f"{self.hub.url}/hub/home", wait_until="networkidle")
         stop, failed = self.page.locator("#stop"), self.page.locator(".modal-dialog:visible").first
         deadline = time.monotonic() + timeout
@@ -444,7 +446,7 @@ class Member:
             stop.click()
             try:
                 stop.wait_for(state="hidden", timeout=20_000)
-            except Exception:  # playwright's TimeoutError: look again, click again
+            except PageTimeout:  # look again, click again
                 pass
 
     def close(self) -> None:

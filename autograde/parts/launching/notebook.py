@@ -38,9 +38,8 @@ def quick_args(epochs: int = 2) -> list[str]:
     """The lab script's options for a small run on this machine (a tiny stand-in in quick mode)."""
     if not runtime.QUICK:
         return runtime.training_args()
-    folder = Path(tempfile.gettempdir()) / "ddp-lab-launch-quick-data"
     return runtime.training_args(epochs=epochs, target_accuracy=0,
-                                 data_dir=data.choose(folder, folder, *QUICK_DEMO_DATA, seed=5)[0])
+                                 data_dir=data.temp_stand_in("ddp-lab-launch-quick-data", *QUICK_DEMO_DATA))
 
 
 SHOW_ENV = ("import os; names = 'RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT "

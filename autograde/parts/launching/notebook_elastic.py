@@ -124,8 +124,9 @@ def compare(prediction: object, run: ElasticRun) -> None:
 
 def stand_in(folder: str | Path | None = None) -> Path:
     """The small synthetic stand-in the scenarios train on (written on first use)."""
-    root = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"ddp-lab-elastic-data-{TRAIN_IMAGES}"
-    return data.choose(root, root, TRAIN_IMAGES, 256, seed=5)[0]
+    if folder is None:
+        return data.temp_stand_in(f"ddp-lab-elastic-data-{TRAIN_IMAGES}", TRAIN_IMAGES, 256)
+    return data.choose(Path(folder), Path(folder), TRAIN_IMAGES, 256, seed=5)[0]
 
 
 def torchrun_command(node: str, port: int, script: Path, args: list[str]) -> list[str]:

@@ -54,8 +54,7 @@ def run_options() -> tuple[dict[str, object], dict[str, str] | None]:
     if on_gpus():
         return {}, None
     size, name = (QUICK_STUDY_DATA, "ddp-lab-scaling-quick-data") if runtime.QUICK else (CPU_DATA, "ddp-lab-scaling-data")
-    folder = Path(tempfile.gettempdir()) / name
-    return {"widen_factor": 1, "data_dir": data.choose(folder, folder, *size, seed=5)[0]}, {"CUDA_VISIBLE_DEVICES": ""}
+    return {"widen_factor": 1, "data_dir": data.temp_stand_in(name, *size)}, {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def processes_to_try() -> list[int]:

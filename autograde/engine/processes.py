@@ -87,13 +87,30 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment, set up for launching training processes on few cores."""
+_launch_warm = False  # warm_launches(): every command this process starts asks for warm starts
+
+
+def warm_launches() -> None:
+    """From now on the Python processes of every command this process starts are forked warm, its
+    demonstrations' as its checks' (a notebook's kernel: autograde/jupyter/runtime.py calls this)."""
+    global _launch_warm
+    _launch_warm = True
+
+
+def child_env(extra: Mapping[str, str] | None = None, warm: bool = True) -> dict[str, str]:
+    """This process's environment, set up for launching training processes on few cores (and, after
+    warm_launches() and unless `warm` is False, for their Python processes to start warm)."""
+    warm = warm and _launch_warm
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     # tools started by name (nbgrader's alembic, Jupyter kernels) come from this interpreter's environment
     env["PATH"] = os.pathsep.join([str(Path(PYTHON).parent), os.environ.get("PATH", "")])
+    if warm:
+        env.update(warm_environment())
     env.update(extra or {})
+    if warm:  # the start-up code that asks the server, first on the path (a command's own path after it)
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP)]
+        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *path])
     return env
 
 
@@ -278,7 +295,7 @@ class WarmServer:
         from autograde import settings
 
         self.folder = tempfile.mkdtemp(prefix="ddp-lab-warm-")
-        server_env = {k: v for k, v in child_env(env).items() if k not in (MARK, WARM_SERVER)}
+        server_env = {k: v for k, v in child_env(env, warm=False).items() if k not in (MARK, WARM_SERVER)}
         inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP)]
         server_env["PYTHONPATH"] = os.pathsep.join([str(settings.REPO), *inherited])  # the server itself starts as it is
         self.proc = subprocess.Popen([PYTHON, "-m", settings.module_of(settings.WARM_START), self.folder, str(os.getpid())],

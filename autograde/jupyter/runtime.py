@@ -26,6 +26,7 @@ from autograde.engine import processes
 from autograde.engine.run import HEARTBEAT  # a quiet launch shows it is alive as often as a check's run
 
 QUICK = settings.quick()
+processes.warm_launches()  # a notebook's launches start as fast as its checks' runs (engine/processes.py)
 QUICK_SIZE = (1024, 256)  # training and validation images of the quick mode's stand-in
 SHOWN_ON_FAILURE = 30  # lines of a hidden output (echo=False) that a failed run shows
 

@@ -201,6 +201,35 @@ def test_nothing_that_a_server_forked_outlives_its_owner(tmp_path: Path) -> None
         processes.kill_group(proc.pid)
 
 
+KERNEL = r'''
+import json, sys
+from autograde.engine import processes
+from autograde.jupyter import runtime  # as every notebook does: its launches start warm from here on
+
+runtime.run([sys.executable, "-c", "print('a demo')"])
+runtime.torchrun(sys.argv[1], nproc=2)
+print(json.dumps(processes._shared[0].requests()))
+'''
+DEMO = "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('rank', dist.get_rank())\n"
+
+
+@pytest.mark.launch
+def test_a_notebooks_own_launches_start_warm_where_its_environment_names_no_server(tmp_path: Path) -> None:
+    """A notebook's kernel in the grading sandbox, or a learner's JupyterLab: no server in its environment
+    (tests and checks have one): its demonstrations' processes, torchrun's agent and workers, start warm too."""
+    (tmp_path / "demo.py").write_text(DEMO)
+    env = {k: v for k, v in os.environ.items() if k != WARM_SERVER}  # as in the sandbox, whose kernel's is its own
+    env["PYTHONPATH"] = str(settings.REPO)
+    result = subprocess.run([processes.PYTHON, "-c", KERNEL, str(tmp_path / "demo.py")], env=env, timeout=240,
+                            capture_output=True, text=True, start_new_session=True)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    lines = result.stdout.splitlines()
+    assert "a demo" in lines and "rank 0" in lines and "rank 1" in lines, result.stdout[-2000:]
+    requests = json.loads(lines[-1])
+    assert len(requests) == 4 and all(r["cold"] is None for r in requests), requests  # -c, the agent, 2 workers
+    assert any("demo.py" in " ".join(r["command"]) for r in requests), requests
+
+
 # --- The same traces, cold and warm ----------------------------------------------------------------
 
 def _normal(value: Any, ids: dict[int, int], root: str) -> Any:

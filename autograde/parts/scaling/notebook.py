@@ -215,8 +215,13 @@ EXPERIMENT = [REFERENCE, *((f"2 x 32, lr {r:g}", 2, 32, r) for r in (0.02, 0.04,
 QUICK_EXPERIMENT = [EXPERIMENT[0], EXPERIMENT[1], EXPERIMENT[3]]  # quick mode: the same rate, and scaled by 4
 
 
+QUICK_LARGE_BATCH_DATA = (256, 64)  # quick mode: the runs only show that the cells run
+
+
 def large_batch_data() -> Path:
-    """The stand-in the check trains on, written once to a temporary folder."""
+    """The stand-in the check trains on, written once to a temporary folder (in quick mode a quarter of it)."""
+    if runtime.QUICK:
+        return data.temp_stand_in("ddp-lab-large-batch-quick-data", *QUICK_LARGE_BATCH_DATA, seed=batches.DATA_SEED)
     folder = Path(tempfile.gettempdir()) / "ddp-lab-large-batch-data"
     if not data.has_data(folder):
         data.write_synthetic(folder, batches.TRAIN_IMAGES, batches.VAL_IMAGES, seed=batches.DATA_SEED)

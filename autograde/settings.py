@@ -77,6 +77,13 @@ SLURM_FAIL = "DDP_LAB_SLURM_FAIL"  # launching: set, the last task of the checke
 # given for it), and a run that ends itself after a number of steps
 TRACE_STEPS = "DDP_LAB_TRACE_STEPS"  # set to 1
 STOP_AT_STEP = "DDP_LAB_STOP_AT_STEP"  # "<n>": after its n-th optimizer step, record the parameters and exit 0
+# capstone: "<bytes>": trace what goes into a byte-level model, and measure each evaluation's weights on the
+# first <bytes> of the validation split
+TRACE_LM = "DDP_LAB_TRACE_LM"
+# capstone: "reduced" (a lower target, one seed: `make test`, and quick mode's default) or "full" (else the default)
+CAPSTONE_RULES = "DDP_LAB_CAPSTONE_RULES"
+# capstone: the two speedups over the baseline that earn a point each, "1.15,1.4" (the class's [capstone] speedups)
+CAPSTONE_SPEEDUPS = "DDP_LAB_CAPSTONE_SPEEDUPS"
 
 
 def module_of(path: Path) -> str:

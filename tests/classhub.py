@@ -39,7 +39,7 @@ HUB_TIMEOUT = 180  # s for the hub to answer, and for a server to start
 
 
 def _free_ports(count: int) -> int:
-    """A port p with p..p+count-1 all free (the hub, its API and the proxy's API take three in a row)."""
+    """A port p with p..p+count-1 all free (the hub, its API, the proxy's API and the leaderboard take four in a row)."""
     for _ in range(50):
         base = processes.free_port()
         if base + count < 65536 and all(_port_free(base + i) for i in range(count)):
@@ -185,7 +185,7 @@ class ClassHub:
         for path in [self.data, *self.data.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         self.passwords = {user: secrets.token_urlsafe(12) for user in (*self.instructors, *self.learners)}
-        self.port = _free_ports(3)
+        self.port = _free_ports(4)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = artifacts / "jupyterhub.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -17,6 +17,7 @@ as its neighbours (run as a script, its folder comes first on sys.path; under py
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tests/record_runs.py", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("names", nargs="*", help="what to record (default: everything)")
     args = parser.parse_args(argv)
+    os.environ[settings.CAPSTONE_RULES] = "reduced"  # as the tests replay them (tests/conftest.py)
     OUT.mkdir(parents=True, exist_ok=True)
     files, exercises, made_in, written = lab_files(), exercise_files(), mistakes(), styles()
     lab_written = lab_styles()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from autograde import parts
 from autograde.course import sandbox
 from autograde.course.assignment import NOTEBOOKS, CourseError, build_source, is_answer, root, step_of
 from autograde.course.nbgrader_run import LogFilter, NbgraderFailed, nbgrader
@@ -162,12 +163,15 @@ def _autograde_one(part: str, student: str, log: LogFilter, prefix: str, noteboo
     seconds it took and what the sandbox met. A submission whose grading fails counts 0 for the
     notebooks that failed and stops nobody else's."""
     started = time.monotonic()
+    key = secrets.token_hex(32)
     with tempfile.TemporaryDirectory(prefix=f"ddp-lab-grade-{student}-") as verdicts:
         try:  # the learner's verdicts: a folder of their own, signed with a key of their own
             output = nbgrader("autograde", part, f"--student={student}", f"--notebook={notebooks}", "--force",
-                              log=log, prefix=prefix, env={sandbox.VERDICTS: verdicts, sandbox.KEY: secrets.token_hex(32)})
+                              log=log, prefix=prefix, env={sandbox.VERDICTS: verdicts, sandbox.KEY: key})
         except CourseError as err:
             output = err.output if isinstance(err, NbgraderFailed) else str(err)
+        for board in parts.of_role("leaderboard"):  # the capstone's: its verdict, as the sandbox signed it
+            board.record(root(), student, Path(verdicts), key.encode())
     return time.monotonic() - started, sandbox_notes(output)
 
 

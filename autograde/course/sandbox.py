@@ -201,7 +201,8 @@ def bwrap_args(work: Path, submission: Path, shared: list[Path], env: dict[str, 
 
 def sandbox_env(work: Path) -> dict[str, str]:
     """The kernel's whole environment: nothing of the instructor's."""
-    keep = {name: os.environ[name] for name in (settings.QUICK, settings.QUICK_DATA, settings.DATA_DIR, "LANG")
+    keep = {name: os.environ[name] for name in (settings.QUICK, settings.QUICK_DATA, settings.DATA_DIR, "LANG",
+                                                settings.CAPSTONE_RULES, settings.CAPSTONE_SPEEDUPS)
             if os.environ.get(name)}
     return {**keep, "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
             "HOME": str(work), "TMPDIR": "/tmp", "PYTHONPATH": str(settings.REPO), "OMP_NUM_THREADS": "1",

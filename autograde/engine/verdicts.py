@@ -35,10 +35,20 @@ class Result:
     hint: str | None = None
     earlier: str | None = None  # an earlier item that fails too: fix that one first
     checker_error: bool = False  # the checker, not the script, is at fault: never kept, never blamed on the learner
+    measured: dict[str, Any] | None = None  # a passing check's numbers, for a table (the capstone's leaderboard)
 
     @property
     def status(self) -> str:
         return "ERROR" if self.checker_error else {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a check observed, with the numbers behind it: a check that returns one instead of its text
+    passes as well, and its verdict keeps `facts` (numbers and short texts, as JSON takes them)."""
+
+    text: str
+    facts: dict[str, Any]
 
 
 class Failed(Exception):

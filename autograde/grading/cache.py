@@ -33,17 +33,18 @@ from autograde.engine.verdicts import Result
 _key: bytes | None = None  # sign_with(): verdicts on disk are signed, and only signed ones are read
 
 
-def sign_with(key: bytes) -> None:
+def sign_with(key: bytes | None) -> None:
     """Sign every verdict kept from now on with `key`, and read only verdicts signed with it: in the
     grading sandbox, where the learner's processes run as the checker's user and could otherwise
-    write a verdict of their own into the folder (they never see the key)."""
+    write a verdict of their own into the folder (they never see the key). None: unsigned again."""
     global _key
     _key = key
 
 
-def _mac(path: Path, text: str) -> str:
-    assert _key is not None
-    return hmac.new(_key, f"{path.name}\n{text}".encode(), hashlib.sha256).hexdigest()
+def _mac(path: Path, text: str, key: bytes | None = None) -> str:
+    signer = key or _key
+    assert signer is not None
+    return hmac.new(signer, f"{path.name}\n{text}".encode(), hashlib.sha256).hexdigest()
 
 
 def folder() -> Path:
@@ -82,6 +83,20 @@ def load(script: Path, procs_per_node: int, nodes: int, devices: str) -> dict[st
         return {step: Result(**fields) for step, fields in stored.items()}
     except (OSError, ValueError, TypeError):
         return {}
+
+
+def signed(verdicts: Path, key: bytes) -> list[dict[str, Result]]:
+    """Every verdict file in the folder `verdicts` that `key` signed (the grader's read of a learner's
+    folder after grading: it holds the key the sandbox signed with; a file anything else wrote is left out)."""
+    found = []
+    for path in sorted(verdicts.glob("*.json")):
+        mac, _, text = path.read_text(errors="replace").partition("\n")
+        if hmac.compare_digest(mac, _mac(path, text, key)):
+            try:
+                found.append({step: Result(**fields) for step, fields in json.loads(text).items()})
+            except (ValueError, TypeError):
+                pass
+    return found
 
 
 def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: dict[str, Result]) -> None:

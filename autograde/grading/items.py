@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from autograde.engine.verdicts import Measured
 from autograde.engine.workspace import RunKind, Workspace
 
 
@@ -29,7 +30,7 @@ class Item:
     file: str               # the learner's file the check reads, relative to the course folder
     checkpoint: str | None  # the course's file with this item done (6.5 shares 6's; Optional, 7's)
     reads: tuple[RunKind, ...]  # the kinds of run its check reads (none: it reads the source)
-    check: Callable[[Workspace], str | None]  # what it observed, or None: cannot apply on this machine
+    check: Callable[[Workspace], str | Measured | None]  # what it observed, or None: cannot apply on this machine
     needs_gpu: bool = False  # it can only be judged where there are GPUs
     todo: str = ""           # the words after "# TODO" that mark it in the learner's file (default: its id)
     # The graders' hidden tests: more layouts its grade cell checks when grading (learners never see
@@ -73,7 +74,7 @@ class Part:
         return list(dict.fromkeys(i.notebook for i in self.items if i.graded))
 
 
-Check = Callable[[Workspace], "str | None"]
+Check = Callable[[Workspace], "str | Measured | None"]
 
 
 def exercise(id: str, title: str, points: int, part: str, notebook: str, name: str, reads: tuple[RunKind, ...],

@@ -4,7 +4,7 @@ and tells the checker's own failures apart from the learner's."""
 from __future__ import annotations
 
 from autograde.engine.run import Run
-from autograde.engine.verdicts import Failed, NotHere, Result
+from autograde.engine.verdicts import Failed, Measured, NotHere, Result
 from autograde.engine.workspace import Abandoned, Unmade, Workspace
 from autograde.grading import registry
 from autograde.grading.registry import label as _label
@@ -60,6 +60,8 @@ def check(ws: Workspace, step: str) -> Result:
         shown_by = " and the ".join(f"{kind.name.replace('_', '-')} run" for kind in item.reads)
         return Result(step, None, f"not applicable here: {item.title} needs GPUs, and the {shown_by} had "
                       "fewer than 2 GPUs on this machine")
+    if isinstance(observed, Measured):
+        return Result(step, True, observed.text, measured=observed.facts)
     return Result(step, True, observed)
 
 

@@ -11,6 +11,8 @@ Every part's folder holds the same files, by role (a part leaves out those it do
 - inprocess.py (inprocess_<topic>.py): what runs inside the learner's processes: an `install()`
   that the start-up code calls in every traced process, and the functions that perform its tasks;
 - notebook.py (notebook_<topic>.py): what its notebooks call: demonstrations and figures.
+- leaderboard.py (the capstone's): the class's table of graded runs, which grading records
+  (`record`, for every learner it grades) and a service on the hub shows (leaderboard_service.py).
 
 Both sides of the process boundary read this list: the checker to find every part's items
 (autograde/grading/registry.py), the learner's processes to install every part's tracing
@@ -28,6 +30,7 @@ NAMES = (
     "scaling",
     "inside",
     "optimizers",
+    "capstone",
 )
 
 

@@ -13,6 +13,7 @@ from autograde.course.assignment import CourseError
 from autograde.course.hub import settings as class_settings
 from autograde.course.hub import spawners
 from autograde.course.withheld import withhold
+from autograde.parts.capstone import leaderboard, leaderboard_service
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821 (JupyterHub provides it)
 
@@ -32,7 +33,7 @@ if s.slurm_conf:  # the hub's own squeue and scancel talk to the same SLURM as t
 
 c.JupyterHub.ip = s.ip
 c.JupyterHub.port = s.port
-c.JupyterHub.hub_port = s.port + 1  # the hub's own API, and the proxy's: the two ports after the hub's
+c.JupyterHub.hub_port = s.port + 1  # the hub's own API, the proxy's and the leaderboard: the ports after the hub's
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.port + 2}"
 c.JupyterHub.hub_ip = "0.0.0.0" if s.spawner == "slurm" else "127.0.0.1"  # SLURM nodes call the hub back
 if s.hub_connect_ip:
@@ -67,3 +68,30 @@ c.Spawner.http_timeout = 120
 c.Spawner.poll_interval = 10  # notice a server that died within seconds
 if s.spawner == "slurm":
     c.Spawner.ip = "0.0.0.0"  # the hub reaches the server on its node
+
+
+def _boards() -> list[str]:
+    """The leaderboard file of each instructor's course folder (one not a user here yet has none)."""
+    found = []
+    for user in s.instructors:
+        try:
+            found.append(str(spawners.grading_folder(user) / leaderboard.LEADERBOARD))
+        except KeyError:
+            pass
+    return found
+
+
+# The capstone's leaderboard (autograde/parts/capstone/leaderboard_service.py), in the hub's Services menu:
+# what grading recorded in each instructor's course folder, each class member's own row marked.
+c.JupyterHub.services = [{
+    "name": "leaderboard",
+    "url": f"http://127.0.0.1:{s.port + 3}",
+    "command": [str(spawners.BIN / "python"), "-m", leaderboard_service.__name__],
+    "environment": {
+        leaderboard_service.FILES: os.pathsep.join(_boards()),
+        leaderboard_service.INSTRUCTORS: ",".join(s.instructors),
+    },
+    "display": True,
+    "oauth_no_confirm": True,
+}]
+c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "access:services!service=leaderboard"]}]

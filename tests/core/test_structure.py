@@ -99,7 +99,7 @@ def test_no_import_cycle_in_the_package() -> None:
 # inprocess*.py). Shared: what both sides import (protocol.py, settings.py, the list of parts, a
 # part's reports.py). Checker: everything else.
 PART_FILE = re.compile(r"^autograde\.parts\.(?P<part>\w+)\.(?P<role>[a-z]+)(?:_\w+)?$")
-ROLES = ("items", "checks", "runs", "reports", "inprocess", "notebook")  # a part's files, each role_<topic> too
+ROLES = ("items", "checks", "runs", "reports", "inprocess", "notebook", "leaderboard")  # a part's files, each role_<topic> too
 
 
 def role(module: str) -> str:

@@ -20,6 +20,8 @@ and cgroups), Debian's Chromium and npm (JupyterHub's proxy); without them it sk
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import pwd
 import re
@@ -63,6 +65,7 @@ from classhub import (
 from conftest import Slurm
 
 from autograde.course.hub import limits
+from autograde.parts.capstone import leaderboard
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.launch]
 
@@ -163,10 +166,12 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
             for name in LEARNERS:
                 assert (teacher.home / "grading" / "submitted" / name / "ddp_lab" / "fashion_mnist.py").is_file()
         with teacher.steps.step("instructor-autogrades-the-class-in-a-terminal"):
-            # the course's grading command, every learner at once and only the graded notebooks (the formgrader's
-            # Autograde button grades one learner at a time and runs every notebook of the part: twice as long)
-            screen = teacher.terminal("python -m autograde.course grade", r"grades: \S+grades\.csv", timeout=600)
-            assert re.search(rf"{ADA} +1/20 .* 1 2 3", screen) and re.search(rf"{GRACE} +0/20 .* 0 1 2", screen), screen
+            # the course's grading command, every learner at once (the formgrader's Autograde button grades one
+            # learner at a time and runs every notebook of the part), here the notebook of Steps 0-2 alone, whose
+            # checks these scripts reach (tests/course/test_exchange.py grades every notebook of the lab)
+            screen = teacher.terminal("python -m autograde.course grade --notebook 03_steps_0_to_2",
+                                      r"grades: \S+grades\.csv", timeout=600)
+            assert re.search(rf"{ADA} +1/20 .* 1 2\b", screen) and re.search(rf"{GRACE} +0/20 .* 0 1 2\b", screen), screen
         with teacher.steps.step("instructor-sees-the-scores-in-the-formgrader"):
             page = teacher.page
             page.goto(f"{hub.url}/user/{TEACHER}/formgrader/manage_submissions/ddp_lab")
@@ -206,6 +211,21 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
                              f"{hub.exchange}/ddp-lab/inbound"):
                     done = as_user(learner.user, "ls", path)
                     assert done.returncode != 0 and "Permission denied" in done.stderr, (path, done)
+
+        # The capstone's leaderboard, a service of the hub: grading records each learner's run beside the
+        # gradebook (tests/course/test_course.py grades the capstone for real); here two rows, shown to each
+        with teacher.steps.step("the-class-opens-the-capstone-leaderboard"):
+            rows = [leaderboard.Entry(ADA, time.time(), True, {"seconds": 6.5, "baseline": 8.6, "speedup": 1.32,
+                                                               "division": "closed", "processes": 2, "changes": "DDP"}),
+                    leaderboard.Entry(GRACE, time.time(), False, {}, "rank 1 took part in 0 evaluations")]
+            board = teacher.home / "grading" / leaderboard.LEADERBOARD
+            board.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rows))
+            for member in (ada, grace, teacher):
+                member.page.goto(f"{hub.url}/services/leaderboard/")
+                member.page.get_by_text("Capstone leaderboard").first.wait_for(timeout=60_000)
+                shown = member.page.content()
+                assert (f"{ADA} (you)" in shown) == (member is ada) and "1.32" in shown and "<svg" in shown, shown[-3000:]
+                assert ("rank 1 took part in 0 evaluations" in shown) == (member is not ada), shown[-3000:]
 
 
 def fetched(feedback: Path) -> bool:

@@ -20,6 +20,7 @@ from conftest import ROOT
 from autograde.course import assignment, cli, grading, nbgrader_run
 from autograde.engine import processes
 from autograde.grading import registry
+from autograde.parts.capstone import leaderboard
 
 LAB = registry.PART[registry.FIRST]
 POINTS = {item.id: item.points for item in registry.ITEMS if item.graded and item.part == LAB.id}  # the lab's
@@ -274,6 +275,10 @@ def test_a_later_part_is_an_assignment_of_its_own(later_parts: dict[str, Future[
             continue  # its other cells submit jobs, or use what a job gave, and fail without the cluster
         errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
         assert not errors, f"{notebook.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    if part_id == "capstone":  # grading put the run on the class's leaderboard, from the verdict the sandbox signed
+        (entry,) = leaderboard.read([folder / leaderboard.LEADERBOARD])
+        assert entry.learner == "solved" and entry.valid and entry.facts["division"] == "closed", entry
+        assert entry.speedup == pytest.approx(entry.facts["baseline"] / entry.facts["seconds"], rel=0.01), entry
 
 
 def test_make_bench_reads_each_learners_time_from_the_grading_summary() -> None:

@@ -11,6 +11,7 @@ from conftest import ROOT
 
 from autograde.course.hub import limits, settings, start
 from autograde.engine import processes
+from autograde.parts.capstone import checks
 
 GOOD = 'instructors = ["teacher"]\nlearners = ["ada", "grace"]\n'
 
@@ -49,6 +50,7 @@ def test_the_shipped_settings_load() -> None:
     assert s.role(s.instructors[0]) == "instructor" and s.role(s.learners[0]) == "learner"
     assert settings.size_in_bytes(s.local.memory) == 8 * 2**30
     assert s.local.checks_at_once >= 0
+    assert s.capstone.speedups == list(checks.SPEEDUPS)  # the course's, measured (autograde/parts/capstone/checks.py)
 
 
 def test_checks_at_once_gives_learners_a_line_and_instructors_none(tmp_path: Path) -> None:
@@ -75,6 +77,8 @@ def test_checks_at_once_gives_learners_a_line_and_instructors_none(tmp_path: Pat
     (GOOD + '[local]\ngpu = 2\n', ["[local] has no setting 'gpu'"]),
     (GOOD + '[local]\nchecks_at_once = -1\n', ["[local] checks_at_once = -1", "0: no line"]),
     (GOOD + '[local]\nchecks_at_once = "two"\n', ["[local] checks_at_once = 'two'", "whole number"]),
+    (GOOD + '[capstone]\nspeedups = [1.5, 1.2]\n', ["[capstone] speedups = [1.5, 1.2]", "the lower first"]),
+    (GOOD + '[capstone]\nspeedups = 1.2\n', ["[capstone] speedups = 1.2", "such as [1.15, 1.4]"]),
     (GOOD + 'course = "/nowhere"\n', ["not the course's folder"]),
     ("instructors = [", ["not valid TOML"]),
 ])

@@ -20,6 +20,9 @@ checked once when the hub starts. A wrong setting stops the hub with one line th
     cpus = 4
     gpus = 1
 
+    [capstone]                    # notebook 40
+    speedups = [1.15, 1.4]        # the speedups over the baseline that earn a point each (measure yours)
+
 Optional at the top: `ip`, `port` (where the hub listens: 0.0.0.0:8000), `course` (the installed
 course, default this checkout), `exchange` (nbgrader's exchange), `data` (the data every learner
 trains on), `state` (the hub's database and secrets), `slurm_conf` (the SLURM_CONF the hub submits
@@ -39,6 +42,7 @@ from typing import Any
 from autograde import settings as course_settings
 from autograde.course.assignment import EXCHANGE_DEFAULT
 from autograde.course.withheld import GROUP
+from autograde.parts.capstone.checks import SPEEDUPS
 
 DEFAULT_FILE = course_settings.REPO / "deploy" / "jupyterhub" / "class.toml"
 SPAWNERS = ("local", "slurm")
@@ -70,6 +74,11 @@ class Local:
 
 
 @dataclass
+class Capstone:
+    speedups: list[float] = field(default_factory=lambda: list(SPEEDUPS))
+
+
+@dataclass
 class Slurm:
     partition: str = ""
     time: str = "08:00:00"
@@ -94,6 +103,7 @@ class ClassSettings:
     instructors_group: str = GROUP
     local: Local = field(default_factory=Local)
     slurm: Slurm = field(default_factory=Slurm)
+    capstone: Capstone = field(default_factory=Capstone)
     source: Path = DEFAULT_FILE
 
     @property
@@ -151,6 +161,7 @@ def load(path: str | Path | None = None) -> ClassSettings:
             raw[key] = Path(raw[key])
     raw["local"] = _section(Local, raw.get("local", {}), "local")
     raw["slurm"] = _section(Slurm, raw.get("slurm", {}), "slurm")
+    raw["capstone"] = _section(Capstone, raw.get("capstone", {}), "capstone")
     settings = ClassSettings(**raw, source=source)
     _check(settings)
     return settings
@@ -197,6 +208,11 @@ def _check(s: ClassSettings) -> None:
     if not isinstance(at_once, int) or isinstance(at_once, bool) or at_once < 0:
         raise SettingsError(f"{where} [local] checks_at_once = {at_once!r}: a whole number of checks the node runs "
                             "at once (0: no line, every check starts at once)")
+    speedups = s.capstone.speedups
+    if not (isinstance(speedups, list) and len(speedups) == 2 and all(isinstance(x, (int, float)) for x in speedups)
+            and 0 < speedups[0] <= speedups[1]):
+        raise SettingsError(f"{where} [capstone] speedups = {speedups!r}: two speedups over the baseline, the lower "
+                            "first, such as [1.15, 1.4]")
     if s.local.gpus_per_learner < 0 or s.local.cpus <= 0 or s.local.processes < 16:
         raise SettingsError(f"{where} [local] gpus_per_learner >= 0, cpus > 0 and processes >= 16, please")
     for section, memory in (("local", s.local.memory), ("slurm", s.slurm.memory)):

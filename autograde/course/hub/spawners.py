@@ -65,6 +65,11 @@ def start_command() -> list[str]:
     return [str(BIN / "python"), "-m", f"{__package__}.start"]
 
 
+def grading_folder(instructor: str) -> Path:
+    """An instructor's nbgrader course folder (gradebook, submissions, the capstone's leaderboard): ~/grading."""
+    return Path(pwd.getpwnam(instructor).pw_dir) / "grading"
+
+
 def class_env(user: str) -> dict[str, str]:
     """The environment a class member's server gets on top of JupyterHub's own."""
     s = settings()
@@ -78,13 +83,14 @@ def class_env(user: str) -> dict[str, str]:
         course_settings.EXCHANGE: str(s.exchange),
         # kept verdicts, and the marks of checks under way, in the home: the same on every node of a cluster
         course_settings.CACHE_DIR: str(home / ".cache" / "ddp-lab-verdicts"),
+        course_settings.CAPSTONE_SPEEDUPS: ",".join(map(str, s.capstone.speedups)),  # the class's, for checks and grading
         "JUPYTER_CONFIG_PATH": str(HUB_JUPYTER),
     }
     if s.slurm_conf:
         env["SLURM_CONF"] = s.slurm_conf
     if s.role(user) == "instructor":
         env.update({
-            course_settings.COURSE_DIR: str(home / "grading"),
+            course_settings.COURSE_DIR: str(grading_folder(user)),
             "JUPYTER_PREFER_ENV_PATH": "0",  # the instructor's own config (instructor mode) before the environment's
             course_settings.QUICK: "1",  # the formgrader grades in this server: quick mode, as `make grade` does
         })

@@ -100,7 +100,7 @@ def warm_launches() -> None:
 def child_env(extra: Mapping[str, str] | None = None, warm: bool = True) -> dict[str, str]:
     """This process's environment, set up for launching training processes on few cores (and, after
     warm_launches() and unless `warm` is False, for their Python processes to start warm)."""
-    warm = warm and _launch_warm
+    warm = warm and _launch_warm and os.environ.get(WARM_SERVER) is None  # a test run's server serves it already
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     # tools started by name (nbgrader's alembic, Jupyter kernels) come from this interpreter's environment
@@ -108,9 +108,9 @@ def child_env(extra: Mapping[str, str] | None = None, warm: bool = True) -> dict
     if warm:
         env.update(warm_environment())
     env.update(extra or {})
-    if warm:  # the start-up code that asks the server, first on the path (a command's own path after it)
-        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP)]
-        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *path])
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if warm and str(STARTUP) not in path:  # the start-up code that asks the server, last: a command's own
+        env["PYTHONPATH"] = os.pathsep.join([*path, str(STARTUP)])  # sitecustomize, earlier on its path, wins
     return env
 
 

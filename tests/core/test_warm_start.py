@@ -210,7 +210,8 @@ runtime.run([sys.executable, "-c", "print('a demo')"])
 runtime.torchrun(sys.argv[1], nproc=2)
 print(json.dumps(processes._shared[0].requests()))
 '''
-DEMO = "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('rank', dist.get_rank())\n"
+DEMO = ("import sys, pathlib, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "pathlib.Path(sys.argv[0]).with_name(f'rank{dist.get_rank()}').touch()\n")
 
 
 @pytest.mark.launch
@@ -224,7 +225,7 @@ def test_a_notebooks_own_launches_start_warm_where_its_environment_names_no_serv
                             capture_output=True, text=True, start_new_session=True)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     lines = result.stdout.splitlines()
-    assert "a demo" in lines and "rank 0" in lines and "rank 1" in lines, result.stdout[-2000:]
+    assert "a demo" in lines and (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists(), result.stdout[-2000:]
     requests = json.loads(lines[-1])
     assert len(requests) == 4 and all(r["cold"] is None for r in requests), requests  # -c, the agent, 2 workers
     assert any("demo.py" in " ".join(r["command"]) for r in requests), requests

@@ -31,8 +31,9 @@ import mistakes as catalogue
 
 from autograde import settings
 from autograde.course import assignment
+from autograde.engine.verdicts import Result
 from autograde.engine.workspace import Workspace
-from autograde.grading import judge, registry
+from autograde.grading import api, judge, registry
 
 OUT = HERE / "recorded"
 COMMAND = ".venv/bin/python tests/record_runs.py"  # from the repository's root, as the tests' messages say
@@ -78,6 +79,23 @@ def lab_styles() -> dict[str, tuple[Path, list[str], int, int]]:
         for name, (steps, layout) in assignment.hidden_layouts().items():
             found[f"lab_style_{path.stem}_{name}"] = (path, steps, layout.procs_per_node, layout.nodes)
     return found
+
+
+def replay(name: str, source: str, steps: list[str]) -> dict[str, Result]:
+    """The verdicts on `steps` of the recording `name`, whose script must still be `source` (the tests'
+    replay, in milliseconds: tests/core/test_checks_recorded.py and each part's tests of recorded runs)."""
+    path = OUT / f"{name}.json.gz"
+    assert path.is_file(), f"no recording of {name}: {COMMAND} {name}"
+    ws = Workspace.replay(path)
+    try:
+        assert ws.script.read_text() == source, f"{name} changed since it was recorded: {COMMAND} {name}"
+        # as a learner's check would end: a run spoilt from outside is made again, and blamed on the checker
+        verdicts = api.blame_outside({step: judge.check(ws, step) for step in steps}, api.outside_causes(ws))
+    finally:
+        ws.close()
+    errors = [f"{r.step}: {r.observed}" for r in verdicts.values() if r.checker_error]
+    assert not errors, f"the checker failed on the recording of {name}: {errors}"
+    return verdicts
 
 
 def lab_files() -> dict[str, Path]:

@@ -41,10 +41,21 @@ def sign_with(key: bytes | None) -> None:
     _key = key
 
 
-def _mac(path: Path, text: str, key: bytes | None = None) -> str:
-    signer = key or _key
-    assert signer is not None
-    return hmac.new(signer, f"{path.name}\n{text}".encode(), hashlib.sha256).hexdigest()
+def _mac(path: Path, text: str, key: bytes) -> str:
+    return hmac.new(key, f"{path.name}\n{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _read(path: Path, key: bytes | None) -> dict[str, Result]:
+    """The verdicts of one file, signed with `key` (None: unsigned); none where unreadable or not signed so."""
+    try:
+        text = path.read_text()
+        if key is not None:
+            mac, _, text = text.partition("\n")
+            if not hmac.compare_digest(mac, _mac(path, text, key)):
+                return {}
+        return {step: Result(**fields) for step, fields in json.loads(text).items()}
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def folder() -> Path:
@@ -74,29 +85,15 @@ def load(script: Path, procs_per_node: int, nodes: int, devices: str) -> dict[st
     """The verdicts known for this exact script and layout (none when unreadable)."""
     try:
         path = _file(script, procs_per_node, nodes, devices)
-        text = path.read_text()
-        if _key is not None:
-            mac, _, text = text.partition("\n")
-            if not hmac.compare_digest(mac, _mac(path, text)):
-                return {}
-        stored = json.loads(text)
-        return {step: Result(**fields) for step, fields in stored.items()}
-    except (OSError, ValueError, TypeError):
+    except OSError:
         return {}
+    return _read(path, _key)
 
 
 def signed(verdicts: Path, key: bytes) -> list[dict[str, Result]]:
     """Every verdict file in the folder `verdicts` that `key` signed (the grader's read of a learner's
     folder after grading: it holds the key the sandbox signed with; a file anything else wrote is left out)."""
-    found = []
-    for path in sorted(verdicts.glob("*.json")):
-        mac, _, text = path.read_text(errors="replace").partition("\n")
-        if hmac.compare_digest(mac, _mac(path, text, key)):
-            try:
-                found.append({step: Result(**fields) for step, fields in json.loads(text).items()})
-            except (ValueError, TypeError):
-                pass
-    return found
+    return [found for path in sorted(verdicts.glob("*.json")) if (found := _read(path, key))]
 
 
 def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: dict[str, Result]) -> None:
@@ -106,7 +103,7 @@ def save(script: Path, procs_per_node: int, nodes: int, devices: str, verdicts: 
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.tmp")
         text = json.dumps({step: asdict(r) for step, r in verdicts.items()})
-        partial.write_text(f"{_mac(target, text)}\n{text}" if _key is not None else text)
+        partial.write_text(f"{_mac(target, text, _key)}\n{text}" if _key is not None else text)
         partial.replace(target)
     except OSError:
         pass  # a read-only or full disk only costs new runs next time

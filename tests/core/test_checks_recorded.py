@@ -23,32 +23,17 @@ from record_runs import (
     lab_styles,
     mistakes,
     names,
+    replay,
     same_file,
     steps_after,
     styles,
 )
 
 from autograde.engine import code
-from autograde.engine.verdicts import Result
 from autograde.engine.workspace import Workspace
-from autograde.grading import api, judge, registry
+from autograde.grading import judge, registry
 
 FILES = lab_files()
-
-
-def replay(name: str, source: str, steps: list[str]) -> dict[str, Result]:
-    path = OUT / f"{name}.json.gz"
-    assert path.is_file(), f"no recording of {name}: {COMMAND} {name}"
-    ws = Workspace.replay(path)
-    try:
-        assert ws.script.read_text() == source, f"{name} changed since it was recorded: {COMMAND} {name}"
-        # as a learner's check would end: a run spoilt from outside is made again, and blamed on the checker
-        verdicts = api.blame_outside({step: judge.check(ws, step) for step in steps}, api.outside_causes(ws))
-    finally:
-        ws.close()
-    errors = [f"{r.step}: {r.observed}" for r in verdicts.values() if r.checker_error]
-    assert not errors, f"the checker failed on the recording of {name}: {errors}"
-    return verdicts
 
 
 @pytest.mark.parametrize("name", list(FILES))

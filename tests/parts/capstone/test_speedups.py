@@ -5,7 +5,7 @@ rest of the capstone's recordings)."""
 from __future__ import annotations
 
 import pytest
-from test_checks_recorded import replay
+from record_runs import replay
 
 from autograde.parts.capstone import checks
 from autograde.settings import CAPSTONE_SPEEDUPS

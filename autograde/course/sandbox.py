@@ -274,6 +274,9 @@ class SandboxedKernelManager(AsyncKernelManager):  # type: ignore[misc]
         self.ip = str(self.sockets / "kernel")
         self.cgroup: limits.Cgroup | None = None
         self.started = time.monotonic()
+        # the learner's verdicts and the key they are signed with: SandboxedExecute's, else this kernel's own
+        self.verdicts: Path = self.folder / "verdicts"
+        self.key = secrets.token_hex(32)
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         kernel: list[str] = super().format_kernel_cmd(extra_arguments)
@@ -291,11 +294,9 @@ class SandboxedKernelManager(AsyncKernelManager):  # type: ignore[misc]
             name = f"grade-{self.folder.name}"
             self.cgroup = limits.make_cgroup(name, self.limits.memory, self.limits.cpus, self.limits.processes)
             name = name if self.cgroup else None
-        # the learner's verdicts, signed: kept across their notebooks in the grader's folder for them
-        # (grading.py), else in one of this kernel's own (the formgrader grades a notebook at a time)
-        verdicts = _shared_folder(Path(os.environ.get(VERDICTS) or self.folder / "verdicts"), 0o770)
+        verdicts = _shared_folder(self.verdicts, 0o770)
         key = self.sockets / "verdicts.key"
-        key.write_text(os.environ.get(KEY) or secrets.token_hex(32))
+        key.write_text(self.key)
         _shared_folder(key, 0o660, make=False)
         shared = [self.sockets, verdicts]
         extra_env = {settings.CACHE_DIR: str(verdicts), KEY_FILE: str(key)}
@@ -332,11 +333,33 @@ class SandboxedKernelManager(AsyncKernelManager):  # type: ignore[misc]
 
 
 class SandboxedExecute(Execute):  # type: ignore[misc]
-    """nbgrader's Execute with its kernel in the sandbox."""
+    """nbgrader's Execute with its kernel in the sandbox; then what the notebook's checks signed goes to
+    the parts that keep a record of graded runs (the capstone's leaderboard)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["kernel_manager_class"] = SandboxedKernelManager
         super().__init__(*args, **kwargs)
+        self.verdicts, self.key = Path(), ""
+
+    def preprocess(self, nb: Any, resources: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        from autograde import parts
+
+        info = resources["nbgrader"]
+        with tempfile.TemporaryDirectory(prefix="ddp-lab-verdicts-") as own:
+            # the learner's verdicts, signed: kept across their notebooks in the folder the course's grading
+            # made for them (grading.py), else in this notebook's own (the formgrader's Autograde button)
+            self.verdicts = Path(os.environ.get(VERDICTS) or own)
+            self.key = os.environ.get(KEY) or secrets.token_hex(32)
+            try:
+                return super().preprocess(nb, resources)
+            finally:
+                for board in parts.of_role("leaderboard"):
+                    board.record(root(), info["student"], info["notebook"], self.verdicts, self.key.encode())
+
+    def create_kernel_manager(self) -> SandboxedKernelManager:
+        km: SandboxedKernelManager = super().create_kernel_manager()
+        km.verdicts, km.key = self.verdicts, self.key
+        return km
 
 
 class RestoreCourseCells(NbGraderPreprocessor):  # type: ignore[misc]

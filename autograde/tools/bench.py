@@ -20,8 +20,14 @@ less, and the ratio travels between machines better than seconds do.
   data preloaded as tensors over the DataLoader.
 - notebooks: every notebook under nbval in quick mode with an empty verdict folder, as in CI;
   target 10 minutes.
+- capstone: the handed-out baseline and the course's reference solution side by side, timed to the
+  target as grading times them (every seed of the rules in force, the full ones unless
+  DDP_LAB_CAPSTONE_RULES=reduced or quick mode; the baseline's seeds first, one process, then the
+  solution's, one per GPU or 2 on the CPU): each seed's time, the medians and the speedup; target: the
+  reference earns both of the class's speedups ($DDP_LAB_CAPSTONE_SPEEDUPS, else the course's), which an
+  instructor sets in class.toml from this measurement on the class's own machines.
 
-    python -m autograde.tools.bench [--only items grading ratios notebooks] [--items pi ring]
+    python -m autograde.tools.bench [--only items grading ratios notebooks capstone] [--items pi ring]
 
 The exit status is 0 exactly when every target measured is met.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -44,6 +51,7 @@ from autograde import data, settings
 from autograde.course import assignment
 from autograde.engine import processes
 from autograde.engine.run import Run
+from autograde.engine.verdicts import Failed
 from autograde.engine.workspace import Workspace
 from autograde.grading import api, registry
 from autograde.parts.scaling import checks_speed as speed
@@ -59,7 +67,7 @@ ROOT, SOLUTION = settings.REPO, settings.SOLUTION
 # Targets in imports of torch (the floor, measured in the same run), except the notebooks' (seconds)
 STEP_TARGET, LAST_STEP_TARGET, ITEM_TARGET, ALL_TARGET, GRADE_TARGET = 4.0, 8.0, 9.0, 15.0, 45.0
 NOTEBOOKS_TARGET = 600.0
-SECTIONS = ("items", "grading", "ratios", "notebooks")
+SECTIONS = ("items", "grading", "ratios", "notebooks", "capstone")
 
 
 def check(*args: str, script: Path = SOLUTION, env: dict[str, str] | None = None) -> processes.Result:
@@ -252,6 +260,36 @@ def ratios() -> list[str]:
     return lines
 
 
+def capstone(floor_s: float) -> tuple[list[str], bool]:
+    """The capstone's baseline and reference solution, timed to the target as grading times them: a line
+    each, the speedup's line, and whether the reference earns both of the class's speedups."""
+    from autograde.parts.capstone import checks as capstone_checks
+
+    r, wanted = capstone_checks.rules(), capstone_checks.speedups()
+    solution = ROOT / str(registry.item("time_to_target").checkpoint)
+    with Workspace(solution, gpus=processes.gpu_count()) as ws:
+        try:
+            baselines, solutions = capstone_checks.outcomes(ws)
+        except Failed as failed:
+            sys.exit(f"error: the reference solution broke the capstone's rules: {failed.observed}")
+    lines = []
+    for name, outcomes in (("baseline", baselines), ("solution", solutions)):
+        times = [o.seconds for o in outcomes]
+        if None in times:
+            best = ", ".join(f"{min(o.losses, default=math.nan):.3f}" for o in outcomes)
+            sys.exit(f"error: the capstone's {name} did not reach the target {r.target} (best losses: {best})")
+        each = ", ".join(f"{t:.1f}" for t in times if t is not None)
+        median = statistics.median(t for t in times if t is not None)
+        lines.append(f"capstone {name:<8} {median:6.1f} s  {median / floor_s:5.1f} x floor  median of {len(times)} "
+                     f"seed(s) ({each} s), {outcomes[0].processes} process(es), target loss {r.target}")
+    base, mine = (statistics.median(o.seconds or 0.0 for o in found) for found in (baselines, solutions))
+    speedup = base / mine
+    met = speedup >= max(wanted)
+    lines.append(f"capstone speedup {speedup:.2f}: the reference solution over the baseline; the class's speedups "
+                 f"{wanted[0]:.2f} and {wanted[1]:.2f}: {'met' if met else 'MISSED (set lower ones in class.toml)'}")
+    return lines, met
+
+
 def _show(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
@@ -292,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         report.append(line(f"{len(names)} notebooks", run.seconds, floor_s, NOTEBOOKS_TARGET / floor_s,
                            f"nbval, quick mode; target {NOTEBOOKS_TARGET:.0f} s"))
         met = met and run.seconds <= NOTEBOOKS_TARGET
+    if "capstone" in args.only:
+        measured, ok = capstone(floor_s)
+        print("\n".join(measured), flush=True)
+        report += measured
+        met = met and ok
     missed = [entry.split()[0] for entry in report if "MISSED" in entry]
     print("\n" + "\n".join(report))
     print("every target met" if met else f"targets missed: {', '.join(missed) or 'a check that did not pass'}")

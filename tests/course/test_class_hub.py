@@ -9,8 +9,10 @@ Chromium), and works as they would: the instructor releases the lab from the for
 learner fetches it from the Assignments tab, edits fashion_mnist.py in the editor, runs a check in
 a notebook and submits; the instructor collects in the formgrader, autogrades the class from a
 terminal (the course's `python -m autograde.course grade`), sees the scores in the formgrader and
-makes and releases the feedback there; each learner fetches their own. Then what keeps learners apart: homes and the gradebook are
-closed to them, a runaway training ends at its learner's memory limit while the other learner's
+makes and releases the feedback there; each learner fetches their own. The capstone goes the same way
+to one learner and back, autograded with the formgrader's Autograde button, and its run is on the
+class's leaderboard, which each member opens. Then what keeps learners apart: homes and the gradebook
+are closed to them, a runaway training ends at its learner's memory limit while the other learner's
 check runs, a dead server is started again from the hub with the learner's work in place; and a
 login and a check with the SLURM spawner, each server a job on the course's SLURM cluster.
 
@@ -65,13 +67,17 @@ from classhub import (
 from conftest import Slurm
 
 from autograde.course.hub import limits
+from autograde.grading import registry
 from autograde.parts.capstone import leaderboard
+from autograde.settings import REPO
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.launch]
 
 TEACHER, ADA, GRACE = "ddpl-teacher", "ddpl-ada", "ddpl-grace"
 LEARNERS = (ADA, GRACE)
-MEMORY_LIMIT = "1200M"  # each learner's, in this test: a server, a kernel and a check fit; a runaway does not
+# each member's, in this test: a server, a kernel and a check fit, and the instructor's grading of the capstone (a
+# sandboxed kernel, the baseline, torchrun and 2 workers); a runaway does not
+MEMORY_LIMIT = "2500M"
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +94,7 @@ def hub(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
 
 
 STEP_0 = "import torch.distributed as dist"
+CAPSTONE = "capstone"
 
 
 def edit_script(member: Member, line: str) -> None:
@@ -212,19 +219,47 @@ def test_a_class_releases_works_submits_grades_and_returns_feedback(hub: ClassHu
                     done = as_user(learner.user, "ls", path)
                     assert done.returncode != 0 and "Permission denied" in done.stderr, (path, done)
 
-        # The capstone's leaderboard, a service of the hub: grading records each learner's run beside the
-        # gradebook (tests/course/test_course.py grades the capstone for real); here two rows, shown to each
-        with teacher.steps.step("the-class-opens-the-capstone-leaderboard"):
-            rows = [leaderboard.Entry(ADA, time.time(), True, {"seconds": 6.5, "baseline": 8.6, "speedup": 1.32,
-                                                               "division": "closed", "processes": 2, "changes": "DDP"}),
-                    leaderboard.Entry(GRACE, time.time(), False, {}, "rank 1 took part in 0 evaluations")]
+        # The capstone through the exchange: released, fetched, finished, submitted, collected, autograded with
+        # the formgrader's own button (one learner's submission), and on the class's leaderboard, a service of
+        # the hub, from the verdict the sandbox signed
+        with teacher.steps.step("instructor-releases-the-capstone"):
+            row = formgrader_row(teacher.page, hub, CAPSTONE)
+            formgrader_action(teacher.page, row.locator("td.assign a"))
+            formgrader_action(teacher.page, row.locator("td.release a"))
+        with ada.steps.step("learner-fetches-finishes-and-submits-the-capstone"):
+            ada.page.goto(f"{hub.url}/user/{ADA}/lab")  # back from the feedback's page
+            ada.wait_for_lab()
+            panel = ada.assignments()
+            panel.locator("#released_assignments_list .list_item", has_text=CAPSTONE).locator(
+                "button", has_text="Fetch").click()
+            panel.locator("#fetched_assignments_list .list_item", has_text=CAPSTONE).first.wait_for()
+            item = registry.item(leaderboard.ITEM)  # the editor is the lab's part: the finished file put in place
+            script = ada.home / CAPSTONE / item.file
+            assert "# TODO time_to_target" in script.read_text()
+            script.write_text((REPO / str(item.checkpoint)).read_text())
+            panel.locator("#fetched_assignments_list .list_item", has_text=CAPSTONE).locator(
+                "button", has_text="Submit").first.click()
+            panel.locator("#submitted_assignments_list .list_item", has_text=CAPSTONE).first.wait_for()
+        with teacher.steps.step("instructor-collects-and-autogrades-the-capstone-in-the-formgrader"):
+            formgrader_action(teacher.page, formgrader_row(teacher.page, hub, CAPSTONE).locator("td.collect a"))
+            page = teacher.page
+            page.goto(f"{hub.url}/user/{TEACHER}/formgrader/manage_submissions/{CAPSTONE}")
+            submission = page.locator("tr", has=page.locator("td.student-id", has_text=ADA))
+            formgrader_action(page, submission.locator("td.autograde a"), timeout=900)
             board = teacher.home / "grading" / leaderboard.LEADERBOARD
-            board.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rows))
+            (graded,) = leaderboard.read([board])
+            assert graded.learner == ADA and graded.valid and graded.facts["division"] == "closed", graded
+        with teacher.steps.step("the-class-opens-the-capstone-leaderboard"):
+            # and an invalid run of grace's, as grading records one (tests/parts/capstone/ grades those)
+            invalid = leaderboard.Entry(GRACE, time.time(), False, {}, "rank 1 took part in 0 evaluations")
+            with open(board, "a") as rows:
+                rows.write(json.dumps(dataclasses.asdict(invalid)) + "\n")
             for member in (ada, grace, teacher):
                 member.page.goto(f"{hub.url}/services/leaderboard/")
                 member.page.get_by_text("Capstone leaderboard").first.wait_for(timeout=60_000)
                 shown = member.page.content()
-                assert (f"{ADA} (you)" in shown) == (member is ada) and "1.32" in shown and "<svg" in shown, shown[-3000:]
+                assert (f"{ADA} (you)" in shown) == (member is ada), shown[-3000:]
+                assert f"{graded.speedup:.2f}" in shown and "<svg" in shown, shown[-3000:]
                 assert ("rank 1 took part in 0 evaluations" in shown) == (member is not ada), shown[-3000:]
 
 

@@ -341,7 +341,8 @@ def analyse(run: Run, expected: int) -> Outcome:
 
 # --- The items ------------------------------------------------------------------------------------
 
-def _outcomes(ws: Workspace) -> tuple[list[Outcome], list[Outcome]]:
+def outcomes(ws: Workspace) -> tuple[list[Outcome], list[Outcome]]:
+    """Every seed's run of the baseline, then of the learner's file, as the checker saw each (make bench shows them)."""
     seeds = rules().seeds
     baselines = []
     for seed in seeds:
@@ -391,7 +392,7 @@ def speedups() -> tuple[float, float]:
 
 def check_time_to_target(ws: Workspace) -> Measured:
     """Every seed's run follows the rules and reaches the target within the budget."""
-    baselines, learners = _outcomes(ws)
+    baselines, learners = outcomes(ws)
     r = rules()
     for seed, outcome in zip(r.seeds, learners):
         _division(outcome, baselines[0])

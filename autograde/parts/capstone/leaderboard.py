@@ -1,9 +1,9 @@
 """The capstone's class leaderboard: each learner's best valid run, and each learner whose latest graded
 run broke a rule, with the reason.
 
-Grading writes it (autograde/course/grading.py calls `record` for every learner it grades): the verdict
-on time_to_target as the check in the sandbox signed it, read from the learner's verdicts folder with
-the key that only the grader held, so nothing the learner's code wrote can put a row on the board. One
+Grading writes it (the sandbox's Execute calls `record` after each notebook it grades, for the course's
+grading command and the formgrader's Autograde button alike): the verdict on time_to_target as the check
+in the sandbox signed it, read from the learner's verdicts folder with the key only the grader held, so nothing the learner's code wrote can put a row on the board. One
 JSON line per graded run, in LEADERBOARD beside the gradebook. The hub's leaderboard service
 (leaderboard_service.py) reads every instructor's and shows `page`: the table, a chart of the speedups,
 the viewer's own row marked; the reasons of invalid runs to the instructors and to their own learner.
@@ -39,10 +39,14 @@ class Entry:
         return float(self.facts.get("speedup") or 0.0)
 
 
-def record(course: Path, learner: str, verdicts: Path, key: bytes) -> Entry | None:
-    """Add the learner's graded capstone run to the course's leaderboard, from the verdicts `key` signed;
-    None where grading gave none (another part, a notebook that did not run, a verdict of the checker's own
-    failure, or one that cannot apply here)."""
+def record(course: Path, learner: str, notebook: str, verdicts: Path, key: bytes) -> Entry | None:
+    """Once `notebook` has been graded: where it is the capstone's, add the learner's graded run to the
+    course's leaderboard, from the verdicts `key` signed; None where grading gave none (another notebook,
+    one that did not run, a verdict of the checker's own failure, or one that cannot apply here)."""
+    from autograde.grading import registry
+
+    if notebook != registry.item(ITEM).notebook:
+        return None
     found = [results[ITEM] for results in cache.signed(verdicts, key) if ITEM in results]
     judged = [r for r in found if r.passed is not None and not r.checker_error]
     if not judged:

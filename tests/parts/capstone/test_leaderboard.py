@@ -15,6 +15,7 @@ from autograde.parts.capstone import leaderboard
 from autograde.parts.capstone.leaderboard import ITEM, Entry
 
 KEY = b"the grader's key"
+NOTEBOOK = "40_capstone"  # the notebook that holds the item
 FACTS = {"seconds": 6.7, "baseline": 8.7, "speedup": 1.3, "division": "closed", "processes": 2,
          "changes": "DDP, <b>batch</b> 64"}
 
@@ -40,7 +41,8 @@ def verdicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_a_signed_pass_is_recorded_with_its_numbers(tmp_path: Path, verdicts: Path) -> None:
     verdicts_of(verdicts, tmp_path / "a.py", {ITEM: Result(ITEM, True, "reached", measured=FACTS)}, KEY)
-    entry = leaderboard.record(tmp_path, "ada", verdicts, KEY)
+    assert leaderboard.record(tmp_path, "ada", "20_ddp_by_hand", verdicts, KEY) is None  # another part's notebook
+    entry = leaderboard.record(tmp_path, "ada", NOTEBOOK, verdicts, KEY)
     assert entry is not None and entry.valid and entry.facts == FACTS
     (line,) = (tmp_path / leaderboard.LEADERBOARD).read_text().splitlines()
     assert leaderboard.read([tmp_path / leaderboard.LEADERBOARD]) == [Entry(**json.loads(line))]
@@ -50,17 +52,17 @@ def test_a_verdict_the_grader_did_not_sign_puts_no_row_on_the_board(tmp_path: Pa
     verdicts_of(verdicts, tmp_path / "a.py", {ITEM: Result(ITEM, True, "forged", measured={"speedup": 99.0})}, None)
     verdicts_of(verdicts, tmp_path / "b.py", {ITEM: Result(ITEM, True, "forged", measured={"speedup": 99.0})},
                 b"a key of the learner's own")
-    assert leaderboard.record(tmp_path, "mallory", verdicts, KEY) is None
+    assert leaderboard.record(tmp_path, "mallory", NOTEBOOK, verdicts, KEY) is None
     assert not (tmp_path / leaderboard.LEADERBOARD).exists()
 
 
 def test_a_failed_check_is_recorded_invalid_with_its_words_and_a_checker_error_not_at_all(
         tmp_path: Path, verdicts: Path) -> None:
     verdicts_of(verdicts, tmp_path / "a.py", {ITEM: Result(ITEM, None, "checker", checker_error=True)}, KEY)
-    assert leaderboard.record(tmp_path, "bob", verdicts, KEY) is None
+    assert leaderboard.record(tmp_path, "bob", NOTEBOOK, verdicts, KEY) is None
     said = "rank 1 took part in 2 evaluations, while the log has 3"
     verdicts_of(verdicts, tmp_path / "b.py", {ITEM: Result(ITEM, False, said)}, KEY)
-    entry = leaderboard.record(tmp_path, "bob", verdicts, KEY)
+    entry = leaderboard.record(tmp_path, "bob", NOTEBOOK, verdicts, KEY)
     assert entry is not None and not entry.valid and entry.reason == said
 
 

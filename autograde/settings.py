@@ -82,7 +82,7 @@ STOP_AT_STEP = "DDP_LAB_STOP_AT_STEP"  # "<n>": after its n-th optimizer step, r
 TRACE_LM = "DDP_LAB_TRACE_LM"
 # capstone: "reduced" (a lower target, one seed: `make test`, and quick mode's default) or "full" (else the default)
 CAPSTONE_RULES = "DDP_LAB_CAPSTONE_RULES"
-# capstone: the two speedups over the baseline that earn a point each, "1.15,1.4" (the class's [capstone] speedups)
+# capstone: the two speedups over the baseline that earn a point each, "1.15,1.3" (the class's [capstone] speedups)
 CAPSTONE_SPEEDUPS = "DDP_LAB_CAPSTONE_SPEEDUPS"
 
 

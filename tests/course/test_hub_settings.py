@@ -78,7 +78,7 @@ def test_checks_at_once_gives_learners_a_line_and_instructors_none(tmp_path: Pat
     (GOOD + '[local]\nchecks_at_once = -1\n', ["[local] checks_at_once = -1", "0: no line"]),
     (GOOD + '[local]\nchecks_at_once = "two"\n', ["[local] checks_at_once = 'two'", "whole number"]),
     (GOOD + '[capstone]\nspeedups = [1.5, 1.2]\n', ["[capstone] speedups = [1.5, 1.2]", "the lower first"]),
-    (GOOD + '[capstone]\nspeedups = 1.2\n', ["[capstone] speedups = 1.2", "such as [1.15, 1.4]"]),
+    (GOOD + '[capstone]\nspeedups = 1.2\n', ["[capstone] speedups = 1.2", "such as [1.15, 1.3]"]),
     (GOOD + 'course = "/nowhere"\n', ["not the course's folder"]),
     ("instructors = [", ["not valid TOML"]),
 ])

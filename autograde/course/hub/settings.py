@@ -21,7 +21,7 @@ checked once when the hub starts. A wrong setting stops the hub with one line th
     gpus = 1
 
     [capstone]                    # notebook 40
-    speedups = [1.15, 1.4]        # the speedups over the baseline that earn a point each (measure yours)
+    speedups = [1.15, 1.3]        # the speedups over the baseline that earn a point each (measure yours)
 
 Optional at the top: `ip`, `port` (where the hub listens: 0.0.0.0:8000), `course` (the installed
 course, default this checkout), `exchange` (nbgrader's exchange), `data` (the data every learner
@@ -212,7 +212,7 @@ def _check(s: ClassSettings) -> None:
     if not (isinstance(speedups, list) and len(speedups) == 2 and all(isinstance(x, (int, float)) for x in speedups)
             and 0 < speedups[0] <= speedups[1]):
         raise SettingsError(f"{where} [capstone] speedups = {speedups!r}: two speedups over the baseline, the lower "
-                            "first, such as [1.15, 1.4]")
+                            f"first, such as {list(SPEEDUPS)}")
     if s.local.gpus_per_learner < 0 or s.local.cpus <= 0 or s.local.processes < 16:
         raise SettingsError(f"{where} [local] gpus_per_learner >= 0, cpus > 0 and processes >= 16, please")
     for section, memory in (("local", s.local.memory), ("slurm", s.slurm.memory)):

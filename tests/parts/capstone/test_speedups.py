@@ -36,7 +36,7 @@ def test_a_speedup_at_or_above_a_threshold_earns_its_point_and_one_below_does_no
 
 def test_speedups_that_are_not_two_numbers_say_what_to_write(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CAPSTONE_SPEEDUPS, "fast")
-    with pytest.raises(ValueError, match='DDP_LAB_CAPSTONE_SPEEDUPS is two speedups, the lower first, such as "1.15,1.4"'):
+    with pytest.raises(ValueError, match='DDP_LAB_CAPSTONE_SPEEDUPS is two speedups, the lower first, such as "1.15,1.3"'):
         checks.speedups()
     monkeypatch.delenv(CAPSTONE_SPEEDUPS)
     assert checks.speedups() == checks.SPEEDUPS

@@ -28,7 +28,10 @@ from typing import Any, Callable, ClassVar, TypeVar
 # The torch.distributed calls traced as "enter"/"exit" events (send and recv too, and "wait")
 COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                "reduce_scatter", "gather", "scatter", "all_gather_object", "broadcast_object_list",
-               "gather_object", "monitored_barrier")
+               "gather_object", "monitored_barrier", "reduce_scatter_tensor", "reduce_scatter_single",
+               "all_gather_single")
+# The tensors' names of the calls that reduce: "numel" in their "enter" event is the size of what they reduce
+REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
 
 T = TypeVar("T")
 
@@ -157,7 +160,8 @@ class CallsReport:
 # wait() in the learner's code); the extra fields of init_process_group's are listed.
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
-    # all_reduce's: its tensor's size, async or not; any collective given a group: the group's size;
+    # all_reduce's: its tensor's size, async or not; the other reducing calls' (REDUCING): what they reduce, the
+    # whole input (a reduce-scatter's, not its output's); any collective given a group: the group's size;
     # init_process_group's: the rank it was given (`rank`, else None) and RANK in the environment
     "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size", "env_rank"),
     # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted

@@ -722,3 +722,32 @@ EXERCISE_MISTAKES += [
         "    model = DDP(TinyGPT().to(device),", "    model = DDP(TinyGPT(width=96).to(device),"),),
             "the model's parameters are not TinyGPT's"),
 ]
+
+# zero2.py (notebook 27): ZeRO-2 by hand
+ZERO2_RECEIVED = "            self.shards[b].grad = received / self.world_size\n"
+ZERO2_SENT = "        work = dist.reduce_scatter_single(received, flat, async_op=True)\n"
+EXERCISE_MISTAKES += [
+    Mistake("zero2_sum_not_average", "zero2", ((ZERO2_RECEIVED, "            self.shards[b].grad = received\n"),),
+            "the sum of the ranks' gradients"),
+    Mistake("zero2_all_reduce_then_slice", "zero2", ((  # every rank receives the whole, then keeps its slice
+        ZERO2_SENT, "        work = dist.all_reduce(flat, async_op=True)\n"
+                    "        received = flat[self.rank * shard.numel():(self.rank + 1) * shard.numel()]\n"),),
+            "every rank received whole gradients"),
+    Mistake("zero2_full_gradients_kept", "zero2", ((
+        "        for q in bucket:\n            q.grad = None  # the full gradients are not kept: only this rank's shard "
+        "comes back\n", ""),),
+            "the model's own .grad held"),
+    Mistake("zero2_sent_in_step", "zero2", (  # every bucket sent once backward() is over, none overlapped
+        ("        if self.ready[b] < len(self.buckets[b]):\n            return\n",
+         "        if self.ready[b] < len(self.buckets[b]):\n            return\n        self.complete.append(b)\n"
+         "\n    def _send(self, b):\n"),
+        ("        self.in_flight = []\n        self.optimizer", "        self.in_flight, self.complete = [], []\n"
+         "        self.optimizer"),
+        ("        for work, b, received in self.in_flight:\n",
+         "        for b in self.complete:\n            self._send(b)\n        self.complete = []\n"
+         "        for work, b, received in self.in_flight:\n")),
+            "began in step(), after backward() had returned"),
+    Mistake("zero2_no_broadcast", "zero2", ((
+        "        for tensor in [*model.parameters(), *model.buffers()]:\n            dist.broadcast(tensor.data, src=0)\n",
+        ""),), "from DistributedDataParallel's"),
+]

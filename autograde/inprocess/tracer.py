@@ -26,12 +26,13 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 from types import FrameType, ModuleType
 from typing import Any, Callable
 
-from autograde.protocol import COLLECTIVES
+from autograde.protocol import COLLECTIVES, REDUCING
 from autograde.settings import SCRIPT, WARM_SPAWN
 
 _trace_dir = ""
@@ -111,6 +112,24 @@ def _group_size(dist: Any, group: Any) -> int | None:
         return None
 
 
+def _reduced(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """How many elements a reducing call (REDUCING) reduces: a reduce-scatter's whole input, not its output."""
+    if name in ("all_reduce", "reduce"):
+        given = args[0] if args else kwargs.get("tensor")
+    elif name == "reduce_scatter":
+        parts = args[1] if len(args) > 1 else kwargs.get("input_list")
+        return sum(int(t.numel()) for t in parts) if isinstance(parts, (list, tuple)) else None
+    else:
+        given = args[1] if len(args) > 1 else kwargs.get("input")
+    numel = getattr(given, "numel", None)
+    return int(numel()) if callable(numel) else None
+
+
+# torch's older names call the newer ones (reduce_scatter_tensor calls reduce_scatter_single): one call, one event
+_ALIASED = ("reduce_scatter_single", "all_gather_single")
+_calling = threading.local()
+
+
 def _wrap_collective(module: Any, name: str) -> None:
     original = getattr(module, name, None)
     if original is None or getattr(original, "_ddp_lab", False):
@@ -118,15 +137,23 @@ def _wrap_collective(module: Any, name: str) -> None:
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        numel = getattr(args[0] if args else kwargs.get("tensor"), "numel", None)
+        if name in _ALIASED and getattr(_calling, "name", None):
+            return original(*args, **kwargs)
         group = kwargs.get("group", args[2] if name == "all_reduce" and len(args) > 2 else None)
         among = {"group_size": _group_size(module, group)} if group is not None else {}
+        numel = _reduced(name, args, kwargs) if name in REDUCING else None
         if numel is not None and name == "all_reduce":  # how much (a bucket's or a parameter's), and whether it waits
-            emit("enter", call=name, numel=int(numel()), async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])),
+            emit("enter", call=name, numel=numel, async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])),
                  **among)
+        elif numel is not None:
+            emit("enter", call=name, numel=numel, **among)
         else:
             emit("enter", call=name, **among)
-        result = original(*args, **kwargs)
+        outer, _calling.name = getattr(_calling, "name", None), name
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _calling.name = outer
         emit("exit", call=name)
         return result
 

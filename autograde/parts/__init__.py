@@ -30,6 +30,7 @@ NAMES = (
     "scaling",
     "inside",
     "optimizers",
+    "memory",
     "capstone",
 )
 

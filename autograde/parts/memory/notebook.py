@@ -1,0 +1,61 @@
+"""What the notebooks of part memory (notebooks 27-) call: the learner's ZeRO-2 program run beside DDP
+(27), and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a time
+limit and leaves nothing running (runtime.run)."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from autograde.jupyter import runtime
+from autograde.jupyter.figures import finish
+
+ZERO2 = "exercises/zero2.py"
+
+
+def zero2(world_size: int = 2, bucket_size_mb: float = 0.25, script: str = ZERO2) -> dict[str, Any]:
+    """Runs the ZeRO-2 program: its output, and what it wrote (each rank's gradients held at the step under
+    DDP and under the learner's Zero2, and their weights' difference)."""
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:
+        out = Path(folder) / "found.json"
+        runtime.run([sys.executable, runtime.course_file(script), "--world-size", str(world_size),
+                     "--bucket-size-mb", str(bucket_size_mb), "--json-file", str(out)], timeout=300)
+        found: dict[str, Any] = json.loads(out.read_text())
+    return found
+
+
+def gradients_held(runs: dict[int, dict[str, Any]]) -> Figure:
+    """For each number of processes, each rank's gradients when its optimizer stepped: DDP's beside Zero2's,
+    as a share of the model's parameters' bytes, with the even share 1/N."""
+    sizes = sorted(runs)
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    x = 0.0
+    ticks: list[float] = []
+    labels: list[str] = []
+    for n in sizes:
+        whole = runs[n]["param_bytes"]
+        for rank in runs[n]["ranks"]:
+            held = rank["held"]
+            ax.bar(x - 0.2, 100 * held["ddp"] / whole, 0.4, color="tab:grey",
+                   label="DDP" if not ticks else "_")
+            ax.bar(x + 0.2, 100 * held["zero2"] / whole, 0.4, color="tab:blue",
+                   label="your Zero2" if not ticks else "_")
+            ax.hlines(100 / n, x - 0.45, x + 0.45, color="black", linestyle="--", linewidth=1,
+                      label="1/N" if not ticks else "_")
+            ticks.append(x)
+            labels.append(f"N={n}\nrank {rank['rank']}")
+            x += 1
+        x += 0.5
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.set_ylabel("% of the model's bytes")
+    ax.set_title("gradients held when the optimizer steps, measured")
+    ax.set_ylim(0, 110)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return finish(fig)

@@ -1,0 +1,59 @@
+"""What crosses the process boundary in part memory: its tasks (ZeRO-2 against DDP), the settings both
+sides read, and what each rank reports."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from autograde.protocol import Task
+
+# ZeRO-2 (inprocess.py `zero2`): the processes, the buckets tried (1 MB holds the whole model, one bucket; 4 KB
+# cuts its 90 KB of gradients into several, 7 by the solution's rule: most of its tensors are 16 KB), the steps,
+# and the optimizer. SGD with momentum: an update linear in the
+# gradient, so a sum where the average belongs shows, as Adam's scale-free update would hide it.
+ZERO2_WORLD_SIZES = (2, 3)
+ZERO2_BUCKETS_MB = (1.0, 4 / 1024)
+ZERO2_STEPS = 3
+ZERO2_OPTIONS = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
+
+# The events this part's in-process code adds to a trace, with their fields (protocol.EVENTS has the core's)
+EVENTS: dict[str, tuple[str, ...]] = {
+    # zero2: each step is case_start, the forward and backward passes, backward_end, the learner's step(),
+    # case_end (core events): what the learner's code sent before backward_end was sent during backward
+    "backward_end": ("case",),
+}
+
+
+@dataclass
+class Zero2Case:
+    """One rank's training under the learner's Zero2 with one bucket size, against DDP."""
+
+    case: int
+    bucket_size_mb: float
+    from_ddp: float = float("inf")    # largest |difference| of any weight from DDP's trained alike
+    from_summed: float = float("inf")  # ... from DDP's trained on the sum of the gradients, not their average
+    gradient_bytes: list[int] = field(default_factory=list)  # held when each optimizer step began (see inprocess)
+    after_backward: list[int] = field(default_factory=list)  # the model's own .grad, when each backward() returned
+    steps_seen: int = 0               # optimizer steps begun on this rank (not the reference's)
+    error: str | None = None
+
+
+@dataclass
+class Zero2Report:
+    """What one rank of a zero2 run found."""
+
+    world_size: int
+    rank: int
+    whole_bytes: int = 0              # the model's trainable parameters: DDP holds this much gradient
+    largest_bytes: int = 0            # the largest parameter's
+    tensors: int = 0                  # the model's trainable tensors
+    cases: list[Zero2Case] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Zero2Task(Task):
+    """The learner's Zero2 against DistributedDataParallel, at each bucket size."""
+
+    bucket_sizes: list[float] = field(default_factory=list)
+    on_cpu: ClassVar[bool] = True

@@ -751,3 +751,20 @@ EXERCISE_MISTAKES += [
         "        for tensor in [*model.parameters(), *model.buffers()]:\n            dist.broadcast(tensor.data, src=0)\n",
         ""),), "from DistributedDataParallel's"),
 ]
+
+# lamb.py (notebook 28): LAMB, a trust ratio on Adam's update
+LAMB_RATIO = "                    weight_norm, update_norm = p.norm(), update.norm()\n"
+EXERCISE_MISTAKES += [
+    Mistake("lamb_ratio_on_numerator", "lamb", ((LAMB_RATIO, "                    weight_norm, update_norm = p.norm(), "
+                                                 "m_hat.norm()\n"),), "Adam's averaged gradient (its numerator) alone"),
+    Mistake("lamb_no_bias_correction", "lamb", (
+        ('                m_hat = state["exp_avg"] / (1 - beta1 ** t)\n', '                m_hat = state["exp_avg"]\n'),
+        ('                v_hat = state["exp_avg_sq"] / (1 - beta2 ** t)\n', '                v_hat = state["exp_avg_sq"]\n')),
+            "without bias correction"),
+    Mistake("lamb_ratio_on_every_parameter", "lamb", (("                if p.dim() > 1:  # a layer's weights",
+                                                       "                if True:  # a layer's weights"),),
+            "applied to a parameter with one dimension"),
+    Mistake("lamb_adamw", "lamb", ((
+        "                    if weight_norm > 0 and update_norm > 0:  # a new layer of zeros, or no step: the global rate\n"
+        "                        update = update * (weight_norm / update_norm)\n", ""),), "that is AdamW"),
+]

@@ -11,11 +11,12 @@ closes each figure in pyplot right away, so that Jupyter draws it once and many 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import matplotlib.pyplot as plt  # without a display matplotlib picks Agg by itself
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def finish(fig: Figure) -> Figure:
@@ -34,3 +35,23 @@ def scaling_axes(ax: Axes, processes: Sequence[int], ylabel: str) -> None:
     ax.set_xticks(list(processes))
     ax.grid(alpha=0.3)
 
+
+def accuracy(logs: dict[str, list[dict[str, Any]]], by_time: bool = True) -> Figure:
+    """Validation accuracy of each run by epoch, and (with `by_time`) by wall-clock seconds: each run its
+    program's log (runtime.read_log), by name."""
+    fig, axes = plt.subplots(1, 2 if by_time else 1, figsize=(11 if by_time else 6, 3.6), squeeze=False)
+    for name, records in logs.items():
+        axes[0][0].plot([r["epoch"] for r in records], [r["accuracy"] for r in records], "o-", label=name)
+        if by_time:
+            axes[0][1].plot([r["seconds"] for r in records], [r["accuracy"] for r in records], "o-", label=name)
+    axes[0][0].set_xlabel("epoch")
+    axes[0][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    if by_time:
+        axes[0][1].set_xlabel("seconds since the training began (this machine)")
+    for ax in axes[0]:
+        ax.set_ylabel("validation accuracy")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return finish(fig)

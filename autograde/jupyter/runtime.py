@@ -12,6 +12,7 @@ data set, the narrow model and two epochs, so that all notebooks run in minutes 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import queue
 import threading
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Any, Sequence
 
 from autograde import data, settings
 from autograde.engine import processes
@@ -221,3 +222,8 @@ def exercise(path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a program's JSON-lines log (--log-file), one per epoch."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -6,6 +6,9 @@ bucket size that holds the whole model and at one that cuts it into several buck
 initial weights, and compares its weights with DistributedDataParallel's trained alike. The trace says,
 for each step, which collectives the learner's code made, how much each reduced, and whether it began
 before backward() returned; each rank weighs the gradients it holds whenever its optimizer steps.
+
+LAMB (exercises/lamb.py) is tried by inprocess.py `lamb` on parameters of every kind, against notebook 28's
+update in float64, and against the updates of known mistakes where it differs.
 """
 from __future__ import annotations
 
@@ -13,13 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autograde.engine.run import Run
-from autograde.engine.verdicts import require, run_ok
+from autograde.engine.verdicts import rank_reports, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace
-from autograde.parts.memory.reports import ZERO2_BUCKETS_MB, ZERO2_STEPS, ZERO2_WORLD_SIZES, Zero2Report, Zero2Task
+from autograde.parts.memory.reports import (
+    LAMB_STEPS,
+    ZERO2_BUCKETS_MB,
+    ZERO2_STEPS,
+    ZERO2_WORLD_SIZES,
+    LambReport,
+    LambTask,
+    Zero2Report,
+    Zero2Task,
+)
 from autograde.protocol import REDUCING, ProcessTrace, decode
 
 ZERO2_RUNS = RunKind("zero2")
+LAMB_RUNS = RunKind("lamb")
 TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
+LAMB_TOLERANCE = 1e-5  # relative to the largest entry: float32 against the float64 definition
 
 
 @dataclass
@@ -159,3 +173,43 @@ def check_zero2(ws: Workspace) -> str:
     held = "; ".join(f"on {n}, {min(s):.0%}-{max(s):.0%}" for n, s in shares.items())
     return (f"Zero2 trains DDP's weights on 2 and 3 processes, no gradient all-reduced, each bucket sent during "
             f"backward ({counts.get(1, 0)} a step with {_bucket(1)}); gradients held at the step, of DDP's: {held}")
+
+
+# What each known mistake is called in a verdict, and what to do about it
+LAMB_MISTAKES = {
+    "ratio_on_numerator": ("the trust ratio divided by the norm of Adam's averaged gradient (its numerator) alone",
+                           "the ratio's denominator is the norm of the whole step: Adam's update plus weight_decay x w"),
+    "ratio_without_decay": ("the trust ratio was taken on Adam's update alone, and the weight decay added after it",
+                            "add weight_decay x w to Adam's update first, then scale the sum by ||w|| / ||sum||"),
+    "no_bias_correction": ("Adam's running averages were used without bias correction",
+                           "divide the averages by 1 - beta1^t and 1 - beta2^t, t the parameter's step count from 1"),
+    "ratio_on_every_parameter": ("the trust ratio and weight decay were applied to a parameter with one dimension",
+                                 "biases and norms' scales and shifts take Adam's update alone"),
+    "no_zero_guard": ("the trust ratio was used where a norm is 0", "where ||w|| or the step's norm is 0, the ratio is 1"),
+    "adamw": ("no trust ratio was applied at all: that is AdamW", "scale each weight's step (Adam's update plus "
+              "weight decay) by ||w|| / ||step||"),
+}
+
+
+def check_lamb(ws: Workspace) -> str:
+    """LAMB on seven parameters (a linear layer's weight and bias, a convolution's weight, a norm's scale, a weight
+    whose gradient is zero, a weight of zeros, and one in a second param group with other options), 3 steps:
+    each equals notebook 28's update computed in float64, to 1e-5 of its size. A parameter that differs is
+    named, with the known mistake it matches, if it matches one."""
+    run = ws.called(LAMB_RUNS, "1", "LAMB's steps", LambTask(world_sizes=[1]))
+    (report,) = rank_reports(run, LambReport, "the file must import, and LAMB work as the TODO's contract says")
+    require(any(p.moved for p in report.params), "LAMB.step() moved no parameter", "step() must move every "
+            "parameter that has a gradient, in every param group")
+    for p in report.params:
+        if p.difference <= LAMB_TOLERANCE:
+            continue
+        said = f"after {LAMB_STEPS} steps, {p.name} (shape {tuple(p.shape)}) is {p.difference:.1e} from LAMB's update"
+        if p.matches in LAMB_MISTAKES:
+            mistake, fix = LAMB_MISTAKES[p.matches]
+            require(False, f"{said}: {mistake}", fix)
+        require(False, f"{said} (at most {LAMB_TOLERANCE:g} of its size)" if p.difference != float("inf") else
+                f"after {LAMB_STEPS} steps, {p.name} (shape {tuple(p.shape)}) is not a finite number, or changed its "
+                "shape", "each parameter moves as notebook 28's update says, with its own param group's lr, betas, "
+                "eps and weight_decay")
+    return ("LAMB moves weights, biases, norms' scales, a weight of zeros and one with a zero gradient as the update "
+            "says, in two param groups")

@@ -8,6 +8,9 @@
   the tensors that optimizer steps (a gradient that is a view of a larger buffer counts the whole
   buffer), and the model's own gradients once backward() has returned. Each step is traced: case_start, backward_end once backward() has returned, case_end after
   the learner's step(). It runs on the CPU with gloo, even where there are GPUs: judged on arithmetic.
+- `lamb`: the learner's LAMB moves parameters of every kind, in two param groups, for 3 steps; each is
+  compared with notebook 28's update computed here in float64 and, where it differs, with the updates
+  of known mistakes (LAMB_VARIANTS).
 """
 from __future__ import annotations
 
@@ -16,8 +19,13 @@ from typing import Any
 from autograde.inprocess import tracer
 from autograde.inprocess.learner_file import learner_module, short_error
 from autograde.parts.memory.reports import (
+    LAMB_GROUPS,
+    LAMB_STEPS,
     ZERO2_OPTIONS,
     ZERO2_STEPS,
+    LambParam,
+    LambReport,
+    LambTask,
     Zero2Case,
     Zero2Report,
     Zero2Task,
@@ -116,4 +124,113 @@ def zero2(rank: int, options: Zero2Task, device: Any) -> Zero2Report:
             return report
         finally:
             hook.remove()
+    return report
+
+
+# --- LAMB ---------------------------------------------------------------------------------------
+
+TOLERANCE = 1e-5  # relative: float32 steps against float64 ones
+
+
+def _lamb_params() -> list[tuple[str, Any, int, bool]]:
+    """(what it stands for, its initial value, its param group, whether its gradient is zero)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return [("a linear layer's weight", torch.randn(8, 5, generator=generator), 0, False),
+            ("a linear layer's bias", torch.randn(8, generator=generator), 0, False),
+            ("a convolution's weight", torch.randn(4, 3, 3, 3, generator=generator), 0, False),
+            ("a norm layer's scale", torch.ones(4), 0, False),
+            ("a weight with a zero gradient", torch.randn(5, 5, generator=generator), 0, True),
+            ("a weight of zeros", torch.zeros(6, 4), 1, False),
+            ("a weight in the second param group", torch.randn(7, 3, generator=generator), 1, False)]
+
+
+def _lamb_grads(params: list[tuple[str, Any, int, bool]]) -> list[list[Any]]:
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    return [[torch.zeros_like(p) if zero else 0.1 * torch.randn(p.shape, generator=generator)
+             for _, p, _, zero in params] for _ in range(LAMB_STEPS)]
+
+
+# What a LAMB step does to one parameter, and the known ways to get it wrong, each changing one rule
+LAMB_VARIANTS = {
+    None: "notebook 28's LAMB",
+    "ratio_on_numerator": "the trust ratio's denominator the norm of Adam's numerator (the averaged gradient) alone",
+    "ratio_without_decay": "the trust ratio on Adam's update without weight decay, the decay added after",
+    "no_bias_correction": "Adam's running averages without bias correction",
+    "ratio_on_every_parameter": "the trust ratio and weight decay applied to every parameter, one dimension too",
+    "no_zero_guard": "a trust ratio used even where a norm is 0",
+    "adamw": "AdamW: no trust ratio at all",
+}
+
+
+def lamb_reference(value: Any, grads: list[Any], options: dict[str, Any], variant: str | None = None) -> Any:
+    """The parameter after the steps, in float64."""
+    import torch
+
+    p = value.double().clone()
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    (beta1, beta2), eps, lr, decay = options["betas"], options["eps"], options["lr"], options["weight_decay"]
+    for t, grad in enumerate(grads, 1):
+        grad = grad.double()
+        m, v = beta1 * m + (1 - beta1) * grad, beta2 * v + (1 - beta2) * grad * grad
+        m_hat, v_hat = (m, v) if variant == "no_bias_correction" else (m / (1 - beta1 ** t), v / (1 - beta2 ** t))
+        adam = m_hat / (v_hat.sqrt() + eps)
+        if p.dim() > 1 or variant == "ratio_on_every_parameter":
+            update = adam + decay * p
+            below = {"ratio_on_numerator": m_hat, "ratio_without_decay": adam}.get(variant or "", update)
+            weight_norm, update_norm = float(p.norm()), float(below.norm())
+            ratio = 1.0
+            if variant != "adamw" and (weight_norm > 0 and update_norm > 0 or variant == "no_zero_guard"):
+                ratio = weight_norm / update_norm if update_norm else float("nan")
+            step = ratio * adam + decay * p if variant == "ratio_without_decay" else ratio * update
+        else:
+            step = adam
+        p = p - lr * step
+    return p
+
+
+def _relative(a: Any, b: Any, floor: float = 1.0) -> float:
+    """The largest |a - b|, relative to b's largest entry (or `floor`, if that is larger)."""
+    import torch
+
+    if a.shape != b.shape or not torch.isfinite(a).all():
+        return float("inf")
+    return float((a.double() - b.double()).abs().max()) / max(floor, float(b.double().abs().max()))
+
+
+@performs(LambTask)
+def lamb(rank: int, options: LambTask, device: Any) -> LambReport:
+    import torch
+
+    report = LambReport(options.world_size, rank)
+    try:
+        lamb_cls = getattr(learner_module(options.script), "LAMB")
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+        return report
+    params = _lamb_params()
+    tensors = [torch.nn.Parameter(p.clone()) for _, p, _, _ in params]
+    grads = _lamb_grads(params)
+    try:
+        optimizer = lamb_cls([{"params": [t for t, (_, _, g, _) in zip(tensors, params) if g == i], **LAMB_GROUPS[i]}
+                              for i in range(len(LAMB_GROUPS))], lr=LAMB_GROUPS[0]["lr"])
+        for step in range(LAMB_STEPS):
+            for t, grad in zip(tensors, grads[step]):
+                t.grad = grad.clone()
+            optimizer.step()
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+        return report
+    for k, ((name, value, group, _), t) in enumerate(zip(params, tensors)):
+        mine = [g[k] for g in grads]
+        found = LambParam(name, list(value.shape),
+                          _relative(t.detach(), lamb_reference(value, mine, LAMB_GROUPS[group])),
+                          moved=not torch.equal(t.detach(), value))
+        if not found.difference <= TOLERANCE:
+            found.matches = next((v for v in LAMB_VARIANTS if v and _relative(
+                t.detach(), lamb_reference(value, mine, LAMB_GROUPS[group], v)) <= TOLERANCE), None)
+        report.params.append(found)
     return report

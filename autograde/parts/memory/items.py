@@ -1,4 +1,4 @@
-"""Part memory, memory and precision (notebooks 27-): ZeRO-2 by hand."""
+"""Part memory, memory and precision (notebooks 27-): ZeRO-2 by hand; LAMB beside part 6's LARS."""
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
@@ -8,5 +8,7 @@ PART_ID = "memory"
 ITEMS = [
     exercise("zero2", "ZeRO-2: gradients reduce-scattered during backward, a shard kept", 3, PART_ID, "27_zero_2",
              "zero2.py", (checks.ZERO2_RUNS,), checks.check_zero2),
+    exercise("lamb", "LAMB: a trust ratio on Adam's update", 2, PART_ID, "28_lamb", "lamb.py", (checks.LAMB_RUNS,),
+             checks.check_lamb),
 ]
-PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand", "2[7-9]_*.ipynb", "2[7-9]_*", (), tuple(ITEMS))
+PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand, LAMB", "2[7-9]_*.ipynb", "2[7-9]_*", (), tuple(ITEMS))

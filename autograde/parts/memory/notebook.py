@@ -1,5 +1,6 @@
 """What the notebooks of part memory (notebooks 27-) call: the learner's ZeRO-2 program run beside DDP
-(27), and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a time
+(27); the learner's LAMB and AdamW at one large batch, on the same experiment as notebook 24's LARS
+(28); and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a time
 limit and leaves nothing running (runtime.run)."""
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from autograde.jupyter import runtime
 from autograde.jupyter.figures import finish
 
 ZERO2 = "exercises/zero2.py"
+LAMB = "exercises/lamb.py"
+# The global rates at the large batch: AdamW's and LAMB's (a step of LAMB moves each layer by about lr x ||w||)
+ADAMW_LR, LAMB_LR = 0.004, 0.02
 
 
 def zero2(world_size: int = 2, bucket_size_mb: float = 0.25, script: str = ZERO2) -> dict[str, Any]:
@@ -59,3 +63,21 @@ def gradients_held(runs: dict[int, dict[str, Any]]) -> Figure:
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     return finish(fig)
+
+
+def lamb_runs(model: str = "wideresnet", script: str = LAMB) -> dict[str, list[dict[str, Any]]]:
+    """`model` trained at a large batch by exercises/lamb.py with AdamW and with LAMB, both after a one-epoch
+    warm-up, on notebook 24's sizes for LARS: each run's log. Quick mode: 2 epochs on the small stand-in at a
+    batch of 256; otherwise 5 epochs on 16384 images of it at a batch of 1024."""
+    size = (["--batch-size", "256", "--epochs", "2"] if runtime.QUICK
+            else ["--batch-size", "1024", "--epochs", "5", "--train-images", "16384"])
+    logs: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:
+        for optimizer, lr in (("adamw", ADAMW_LR), ("lamb", LAMB_LR)):
+            log = Path(folder) / f"{optimizer}.jsonl"
+            print(f"{optimizer} at lr {lr} ...", flush=True)
+            runtime.run([sys.executable, runtime.course_file(script), "--model", model, "--optimizer", optimizer,
+                         "--lr", str(lr), "--warmup-epochs", "1", *size, "--data-dir", str(runtime.data_dir()[0]),
+                         "--log-file", str(log)], timeout=900, echo=False)
+            logs["AdamW" if optimizer == "adamw" else "LAMB"] = runtime.read_log(log)
+    return logs

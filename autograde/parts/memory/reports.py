@@ -16,6 +16,11 @@ ZERO2_BUCKETS_MB = (1.0, 4 / 1024)
 ZERO2_STEPS = 3
 ZERO2_OPTIONS = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
 
+# LAMB (inprocess.py `lamb`): two param groups of other options, the steps tried
+LAMB_GROUPS = ({"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01},
+               {"lr": 0.05, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.0})
+LAMB_STEPS = 3
+
 # The events this part's in-process code adds to a trace, with their fields (protocol.EVENTS has the core's)
 EVENTS: dict[str, tuple[str, ...]] = {
     # zero2: each step is case_start, the forward and backward passes, backward_end, the learner's step(),
@@ -56,4 +61,30 @@ class Zero2Task(Task):
     """The learner's Zero2 against DistributedDataParallel, at each bucket size."""
 
     bucket_sizes: list[float] = field(default_factory=list)
+    on_cpu: ClassVar[bool] = True
+
+
+@dataclass
+class LambParam:
+    """One parameter moved by the learner's LAMB, against notebook 28's update in float64."""
+
+    name: str                         # what it stands for: "a linear layer's weight", "a bias", ...
+    shape: list[int]
+    difference: float = float("inf")  # largest |difference| after the steps, relative to its largest entry
+    matches: str | None = None        # a known wrong update it matches instead (inprocess.py, LAMB_VARIANTS)
+    moved: bool = False
+
+
+@dataclass
+class LambReport:
+    world_size: int
+    rank: int
+    params: list[LambParam] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class LambTask(Task):
+    """The learner's LAMB on parameters of every kind, against the update in float64."""
+
     on_cpu: ClassVar[bool] = True

@@ -14,7 +14,6 @@ process left behind.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import tempfile
@@ -25,11 +24,10 @@ from typing import Any, Callable
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from autograde.grading import api
 from autograde.jupyter import runtime
-from autograde.jupyter.figures import finish
+from autograde.jupyter.figures import accuracy, finish  # noqa: F401 (accuracy: notebooks 24-26 draw with it)
 
 LARS_SCRIPT, LARS_SOLUTION = "exercises/lars.py", "solutions/lars.py"
 KFAC_SCRIPT, KFAC_SOLUTION = "exercises/kfac.py", "solutions/kfac.py"
@@ -69,9 +67,7 @@ def _launch(script: str, fallback: str | None, args: list[str], timeout: float) 
         return runtime.run([sys.executable, runtime.course_file(fallback), *args], timeout=timeout, echo=False)
 
 
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines a program's --log-file holds, one per epoch."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+read_log = runtime.read_log
 
 
 # Notebook 24: LARS ---------------------------------------------------------------------------
@@ -179,26 +175,6 @@ def lars_runs(model: str = "wideresnet", script: str | None = None) -> dict[str,
                                             "--log-file", str(log)], timeout=600)
             logs[optimizer.upper()] = read_log(log)
     return logs
-
-
-def accuracy(logs: dict[str, list[dict[str, Any]]], by_time: bool = True) -> Figure:
-    """Validation accuracy of each run by epoch, and (with `by_time`) by wall-clock seconds."""
-    fig, axes = plt.subplots(1, 2 if by_time else 1, figsize=(11 if by_time else 6, 3.6), squeeze=False)
-    for name, records in logs.items():
-        axes[0][0].plot([r["epoch"] for r in records], [r["accuracy"] for r in records], "o-", label=name)
-        if by_time:
-            axes[0][1].plot([r["seconds"] for r in records], [r["accuracy"] for r in records], "o-", label=name)
-    axes[0][0].set_xlabel("epoch")
-    axes[0][0].xaxis.set_major_locator(MaxNLocator(integer=True))
-    if by_time:
-        axes[0][1].set_xlabel("seconds since the training began (this machine)")
-    for ax in axes[0]:
-        ax.set_ylabel("validation accuracy")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    return finish(fig)
 
 
 def table(logs: dict[str, list[dict[str, Any]]]) -> str:

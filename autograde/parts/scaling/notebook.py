@@ -32,9 +32,7 @@ PER_PROCESS = 32    # weak scaling
 NEVER = 10_000      # --patience: with --target-accuracy 0, every epoch asked for runs (no early stop)
 
 
-def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines log, one per epoch."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+read_log = runtime.read_log  # notebook 17 reads a run's log with it
 
 
 def on_gpus() -> bool:

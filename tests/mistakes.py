@@ -768,3 +768,26 @@ EXERCISE_MISTAKES += [
         "                    if weight_norm > 0 and update_norm > 0:  # a new layer of zeros, or no step: the global rate\n"
         "                        update = update * (weight_norm / update_norm)\n", ""),), "that is AdamW"),
 ]
+
+# loss_scaling.py (notebook 29): fp16 dynamic loss scaling by hand
+EXERCISE_MISTAKES += [
+    Mistake("loss_scaling_never_grows", "loss_scaling", ((
+        "            self.good_steps += 1\n            if self.good_steps == self.growth_interval:\n"
+        "                self.current *= self.growth_factor\n                self.good_steps = 0\n",
+        "            self.good_steps += 1\n"),), "it should have grown to"),
+    Mistake("loss_scaling_skip_with_a_zero_rate", "loss_scaling", ((  # "skipped" by a step at lr 0: momentum still moves
+        "        if not self.overflowed:\n            optimizer.step()\n",
+        "        if self.overflowed:\n            rates = [g[\"lr\"] for g in optimizer.param_groups]\n"
+        "            for g in optimizer.param_groups:\n                g[\"lr\"] = 0.0\n"
+        "            optimizer.zero_grad(set_to_none=False)\n            optimizer.step()\n"
+        "            for g, lr in zip(optimizer.param_groups, rates):\n                g[\"lr\"] = lr\n"
+        "        else:\n            optimizer.step()\n"),), "a skipped step still changed the optimizer's state"),
+    Mistake("loss_scaling_nan_not_caught", "loss_scaling", ((
+        "                    if not torch.isfinite(p.grad).all():\n", "                    if torch.isinf(p.grad).any():\n"),),
+            "your step moved the weights, where its gradients were not all finite"),
+    Mistake("loss_scaling_count_kept_after_overflow", "loss_scaling", ((
+        "            self.current *= self.backoff_factor\n            self.good_steps = 0\n",
+        "            self.current *= self.backoff_factor\n"),), "since the last one skipped"),
+    Mistake("loss_scaling_not_unscaled", "loss_scaling", ((
+        "                    p.grad.div_(self.current)\n", ""),), "from those beside GradScaler"),
+]

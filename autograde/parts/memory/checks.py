@@ -9,6 +9,10 @@ before backward() returned; each rank weighs the gradients it holds whenever its
 
 LAMB (exercises/lamb.py) is tried by inprocess.py `lamb` on parameters of every kind, against notebook 28's
 update in float64, and against the updates of known mistakes where it differs.
+
+The loss scaler (exercises/loss_scaling.py) is tried by inprocess.py `loss_scaling` beside torch.amp.GradScaler,
+step by step, with an inf or a nan put into some inputs: the scales, the steps taken and skipped, the weights
+and the optimizer's state, for two settings.
 """
 from __future__ import annotations
 
@@ -20,11 +24,15 @@ from autograde.engine.verdicts import rank_reports, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.memory.reports import (
     LAMB_STEPS,
+    LOSS_SCALINGS,
     ZERO2_BUCKETS_MB,
     ZERO2_STEPS,
     ZERO2_WORLD_SIZES,
     LambReport,
     LambTask,
+    ScalingReport,
+    ScalingStep,
+    ScalingTask,
     Zero2Report,
     Zero2Task,
 )
@@ -32,6 +40,7 @@ from autograde.protocol import REDUCING, ProcessTrace, decode
 
 ZERO2_RUNS = RunKind("zero2")
 LAMB_RUNS = RunKind("lamb")
+LOSS_SCALING_RUNS = RunKind("loss_scaling")
 TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
 LAMB_TOLERANCE = 1e-5  # relative to the largest entry: float32 against the float64 definition
 
@@ -213,3 +222,67 @@ def check_lamb(ws: Workspace) -> str:
                 "eps and weight_decay")
     return ("LAMB moves weights, biases, norms' scales, a weight of zeros and one with a zero gradient as the update "
             "says, in two param groups")
+
+
+def _setting(k: int) -> str:
+    a = LOSS_SCALINGS[k]
+    return (f"LossScaler(init_scale={a['init_scale']:g}, growth_factor={a['growth_factor']:g}, backoff_factor="
+            f"{a['backoff_factor']:g}, growth_interval={a['growth_interval']})")
+
+
+def _judge_scaling_step(setting: int, s: ScalingStep, previous: ScalingStep | None) -> None:
+    held = {"inf": "an inf", "nan": "a nan"}.get(s.overflow or "", s.overflow)
+    at = f"{_setting(setting)}, step {s.step}" + (f" (its input held {held})" if s.overflow else "")
+    require(s.scale is not None, f"{at}: get_scale() gave no finite number", "get_scale() returns the current scale")
+    scale = s.scale or 0.0
+    before = previous.scale if previous is not None and previous.scale is not None else None
+    if scale != s.expected_scale and previous is not None and before is not None:
+        interval = LOSS_SCALINGS[setting]["growth_interval"]
+        require(not (previous.overflow and scale == before), f"{at}: the scale was still {scale:g} after the step "
+                f"before overflowed; it should have become {s.expected_scale:g}", "after a skipped step, multiply "
+                "the scale by backoff_factor")
+        require(not (not previous.overflow and s.expected_scale > before and scale == before), f"{at}: the scale "
+                f"stayed {scale:g} after {interval} steps in a row without overflow; it should have grown to "
+                f"{s.expected_scale:g}", "count the steps taken in a row since the last overflow (or growth); at "
+                "growth_interval, multiply the scale by growth_factor and count again from 0")
+        require(not (not previous.overflow and scale > s.expected_scale and scale > before), f"{at}: the scale grew "
+                f"to {scale:g}, where GradScaler's stayed {s.expected_scale:g}: fewer than {interval} steps had been "
+                "taken in a row since the last one skipped", "after a skipped step, count the steps taken in a row "
+                "again from 0")
+    if scale != s.expected_scale:
+        require(False, f"{at}: the scale was {scale:g} where torch.amp.GradScaler's was {s.expected_scale:g}",
+                "start at init_scale; after a skipped step multiply by backoff_factor; after growth_interval steps "
+                "taken in a row, by growth_factor; count again from 0 after either")
+    if s.expected_stepped != s.stepped:
+        require(not s.stepped, f"{at}: your step moved the weights, where its gradients were not all finite and "
+                "GradScaler skipped the step", "look for an inf or a nan in every gradient, after unscaling; when "
+                "there is one, do not call optimizer.step() at all")
+        require(False, f"{at}: your step left the weights as they were, where GradScaler took the step",
+                "call optimizer.step() once, when every gradient is finite")
+    if not s.expected_stepped:
+        require(s.state_difference <= LAMB_TOLERANCE, f"{at}: the optimizer's momentum buffers are "
+                f"{s.state_difference:.1e} from those beside GradScaler, though the weights did not move: a skipped "
+                "step still changed the optimizer's state", "a skipped step leaves the optimizer untouched: no "
+                "optimizer.step() at all, whatever its rate or gradients")
+    require(s.difference <= LAMB_TOLERANCE and s.state_difference <= LAMB_TOLERANCE, f"{at}: the weights are "
+            f"{s.difference:.1e} and the momentum buffers {s.state_difference:.1e} from those beside GradScaler",
+            "divide every gradient by the scale the loss was multiplied by, before the optimizer steps")
+
+
+def check_loss_scaling(ws: Workspace) -> str:
+    """The learner's LossScaler beside torch.amp.GradScaler, each driving SGD with momentum and weight decay from the
+    same weights on the same batches, 16 steps, the gradients overflowing (an inf in the input) at steps 3, 4 and 13
+    and holding a nan at step 8, for two settings (init_scale, growth_factor, backoff_factor, growth_interval): at
+    every step the same scale, the same steps taken and skipped, the same weights and momentum buffers to 1e-5. The
+    first step that differs is named, with what the scale should have done there."""
+    run = ws.called(LOSS_SCALING_RUNS, "1", "LossScaler beside GradScaler", ScalingTask(world_sizes=[1]))
+    (report,) = rank_reports(run, ScalingReport, "the file must import, and LossScaler work as the TODOs' contract says")
+    for case in report.cases:
+        require(case.error is None, f"{_setting(case.setting)}: {case.error}", "scale(loss) returns the loss times "
+                "the scale; step(optimizer) and update() follow it, as with torch.amp.GradScaler")
+        for k, s in enumerate(case.steps):
+            _judge_scaling_step(case.setting, s, case.steps[k - 1] if k else None)
+    skipped = sum(not s.expected_stepped for s in report.cases[0].steps)
+    return (f"LossScaler makes GradScaler's decisions at every step, in two settings: the scale backs off at each of "
+            f"the {skipped} overflows (an inf or a nan), grows back after its interval, and a skipped step leaves the "
+            "weights and the optimizer's state untouched")

@@ -11,9 +11,15 @@
 - `lamb`: the learner's LAMB moves parameters of every kind, in two param groups, for 3 steps; each is
   compared with notebook 28's update computed here in float64 and, where it differs, with the updates
   of known mistakes (LAMB_VARIANTS).
+- `loss_scaling`: the learner's LossScaler and torch.amp.GradScaler each drive SGD with momentum and weight
+  decay on the same small model, from the same weights, on the same batches (an inf or a nan put into some
+  inputs, so that every gradient overflows there), for each setting of LOSS_SCALINGS; each step reports
+  both scales, whether each moved the weights, the weights' difference, and the momentum buffers each
+  optimizer's state holds (a step skipped must leave them as they were).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from autograde.inprocess import tracer
@@ -21,11 +27,18 @@ from autograde.inprocess.learner_file import learner_module, short_error
 from autograde.parts.memory.reports import (
     LAMB_GROUPS,
     LAMB_STEPS,
+    LOSS_SCALING_STEPS,
+    LOSS_SCALINGS,
+    OVERFLOW_STEPS,
     ZERO2_OPTIONS,
     ZERO2_STEPS,
     LambParam,
     LambReport,
     LambTask,
+    ScalingCase,
+    ScalingReport,
+    ScalingStep,
+    ScalingTask,
     Zero2Case,
     Zero2Report,
     Zero2Task,
@@ -233,4 +246,90 @@ def lamb(rank: int, options: LambTask, device: Any) -> LambReport:
             found.matches = next((v for v in LAMB_VARIANTS if v and _relative(
                 t.detach(), lamb_reference(value, mine, LAMB_GROUPS[group], v)) <= TOLERANCE), None)
         report.params.append(found)
+    return report
+
+
+# --- Loss scaling -------------------------------------------------------------------------------
+
+SCALING_OPTIONS = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}
+
+
+def _scaling_model() -> Any:
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _scaling_batches() -> list[tuple[Any, Any, str | None]]:
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    found = []
+    for step in range(1, LOSS_SCALING_STEPS + 1):
+        x, y = torch.randn(6, 8, generator=generator), torch.randint(0, 4, (6,), generator=generator)
+        overflow = OVERFLOW_STEPS.get(step)
+        if overflow:
+            x[0, 0] = float(overflow)
+        found.append((x, y, overflow))
+    return found
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _largest(mine: list[Any], expected: list[Any]) -> float:
+    """The largest |difference| of two lists of tensors (inf where one holds None, or a number that is not finite)."""
+    worst = 0.0
+    for a, b in zip(mine, expected):
+        if a is None and b is None:
+            continue
+        if a is None or b is None:
+            return float("inf")
+        worst = max(worst, float((a.detach() - b.detach()).abs().max()))
+    return worst if math.isfinite(worst) else float("inf")
+
+
+@performs(ScalingTask)
+def loss_scaling(rank: int, options: ScalingTask, device: Any) -> ScalingReport:
+    import torch
+    import torch.nn.functional as F
+
+    report = ScalingReport(options.world_size, rank)
+    try:
+        scaler_cls = getattr(learner_module(options.script), "LossScaler")
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+        return report
+    for setting, arguments in enumerate(LOSS_SCALINGS):
+        case = ScalingCase(setting)
+        report.cases.append(case)
+        models = [_scaling_model(), _scaling_model()]
+        optimizers = [torch.optim.SGD(m.parameters(), **SCALING_OPTIONS) for m in models]  # type: ignore[arg-type]
+        expected = torch.amp.GradScaler("cpu", **arguments)  # type: ignore[arg-type]
+        try:
+            mine = scaler_cls(**arguments)
+            for step, (x, y, overflow) in enumerate(_scaling_batches(), 1):
+                scales, moved = [], []
+                for model, optimizer, scaler in zip(models, optimizers, (mine, expected)):
+                    before = [p.detach().clone() for p in model.parameters()]
+                    scales.append(scaler.get_scale())
+                    optimizer.zero_grad(set_to_none=True)
+                    scaler.scale(F.cross_entropy(model(x), y)).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    moved.append(not all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
+                case.steps.append(ScalingStep(step, overflow, _number(scales[0]), float(scales[1]), moved[0], moved[1],
+                                              _largest(list(models[0].parameters()), list(models[1].parameters())),
+                                              _largest(*[[o.state.get(p, {}).get("momentum_buffer") for p in m.parameters()]
+                                                         for m, o in zip(models, optimizers)])))
+        except BaseException as err:
+            case.error = short_error(err, options.script)
+            return report
     return report

@@ -1,4 +1,4 @@
-"""Part memory, memory and precision (notebooks 27-): ZeRO-2 by hand; LAMB beside part 6's LARS."""
+"""Part memory, memory and precision (notebooks 27-): ZeRO-2 by hand; LAMB beside part 6's LARS; fp16 loss scaling."""
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
@@ -10,5 +10,7 @@ ITEMS = [
              "zero2.py", (checks.ZERO2_RUNS,), checks.check_zero2),
     exercise("lamb", "LAMB: a trust ratio on Adam's update", 2, PART_ID, "28_lamb", "lamb.py", (checks.LAMB_RUNS,),
              checks.check_lamb),
+    exercise("loss_scaling", "fp16 dynamic loss scaling: GradScaler's decisions by hand", 2, PART_ID,
+             "29_loss_scaling", "loss_scaling.py", (checks.LOSS_SCALING_RUNS,), checks.check_loss_scaling),
 ]
-PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand, LAMB", "2[7-9]_*.ipynb", "2[7-9]_*", (), tuple(ITEMS))
+PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand, LAMB, loss scaling", "2[7-9]_*.ipynb", "2[7-9]_*", (), tuple(ITEMS))

@@ -1,6 +1,6 @@
 """What the notebooks of part memory (notebooks 27-) call: the learner's ZeRO-2 program run beside DDP
 (27); the learner's LAMB and AdamW at one large batch, on the same experiment as notebook 24's LARS
-(28); and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a time
+(28); the learner's loss scaler beside torch.amp.GradScaler (29); and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a time
 limit and leaves nothing running (runtime.run)."""
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from autograde.jupyter.figures import finish
 
 ZERO2 = "exercises/zero2.py"
 LAMB = "exercises/lamb.py"
+LOSS_SCALING = "exercises/loss_scaling.py"
 # The global rates at the large batch: AdamW's and LAMB's (a step of LAMB moves each layer by about lr x ||w||)
 ADAMW_LR, LAMB_LR = 0.004, 0.02
 
@@ -81,3 +82,8 @@ def lamb_runs(model: str = "wideresnet", script: str = LAMB) -> dict[str, list[d
                          "--log-file", str(log)], timeout=900, echo=False)
             logs["AdamW" if optimizer == "adamw" else "LAMB"] = runtime.read_log(log)
     return logs
+
+
+def loss_scaling(*args: str, script: str = LOSS_SCALING) -> str:
+    """Runs the loss-scaling program (your LossScaler beside torch.amp.GradScaler, step by step); its output."""
+    return runtime.run([sys.executable, runtime.course_file(script), *args], timeout=300)

@@ -21,6 +21,14 @@ LAMB_GROUPS = ({"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 
                {"lr": 0.05, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.0})
 LAMB_STEPS = 3
 
+# Loss scaling (inprocess.py `loss_scaling`): each setting tried (GradScaler's arguments), and the steps: an input
+# holding an inf at some steps (every gradient then overflows) and a nan at another, so that a scale backs off
+# twice in a row, grows back, and is judged on a nan as on an inf
+LOSS_SCALINGS = ({"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3},
+                 {"init_scale": 2.0**20, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 2})
+OVERFLOW_STEPS = {3: "inf", 4: "inf", 8: "nan", 13: "inf"}  # counted from 1
+LOSS_SCALING_STEPS = 16
+
 # The events this part's in-process code adds to a trace, with their fields (protocol.EVENTS has the core's)
 EVENTS: dict[str, tuple[str, ...]] = {
     # zero2: each step is case_start, the forward and backward passes, backward_end, the learner's step(),
@@ -86,5 +94,41 @@ class LambReport:
 @dataclass
 class LambTask(Task):
     """The learner's LAMB on parameters of every kind, against the update in float64."""
+
+    on_cpu: ClassVar[bool] = True
+
+
+@dataclass
+class ScalingStep:
+    """One step of the learner's LossScaler beside torch.amp.GradScaler's, from the same weights and batch."""
+
+    step: int                         # from 1
+    overflow: str | None              # what the step's input held: "inf", "nan", or None
+    scale: float | None               # the learner's get_scale() before the step (None: not a number)
+    expected_scale: float             # GradScaler's
+    stepped: bool                     # whether the learner's step moved the weights
+    expected_stepped: bool
+    difference: float = float("inf")  # the weights' largest |difference| from GradScaler's after the step
+    state_difference: float = float("inf")  # the optimizers' momentum buffers' (inf: one has none where the other has)
+
+
+@dataclass
+class ScalingCase:
+    setting: int                      # which of LOSS_SCALINGS
+    steps: list[ScalingStep] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class ScalingReport:
+    world_size: int
+    rank: int
+    cases: list[ScalingCase] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class ScalingTask(Task):
+    """The learner's LossScaler beside torch.amp.GradScaler, step by step, with overflows injected."""
 
     on_cpu: ClassVar[bool] = True

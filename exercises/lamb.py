@@ -9,7 +9,7 @@ step is Adam's update with weight decay added, scaled so that its size is the gl
 size of the layer's weights. Adam adapts every coordinate; the ratio then keeps each layer's step in
 proportion to the layer, whatever the global rate. Parameters with one dimension (biases, the scales and
 shifts of normalisation layers) keep Adam's update as it is, without weight decay or ratio, as this
-course does for LARS. Notebook 28 has hints you open when you want them.
+course does for LARS. Notebook 31 has hints you open when you want them.
 
 One process trains on the whole large batch here: it computes the same gradient as N processes on
 N shares of it (notebook 02's point), and an optimizer only sees the gradient.
@@ -37,7 +37,7 @@ class LAMB(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         # TODO lamb: move every parameter that has a gradient, in every param group (with that group's lr,
-        # betas, eps and weight_decay), as notebook 28's LAMB update says: Adam's bias-corrected update; for
+        # betas, eps and weight_decay), as notebook 31's LAMB update says: Adam's bias-corrected update; for
         # parameters with more than one dimension, weight decay added to it and the layer's trust ratio on
         # the sum (1 when the weight's or the sum's norm is 0); for those with one dimension, Adam's update
         # alone. Each parameter's running averages and step count kept in self.state[p].

@@ -8,7 +8,7 @@ to hold, and become 0. Multiplying the loss by a large scale before backward() m
 gradient by it too, which lifts the small ones into range; the optimizer must then see them divided
 by the same scale. Too large a scale makes some gradient overflow into inf (or nan): then the step is
 not taken at all, and the scale shrinks. After many steps in a row without overflow, it grows again,
-to keep the small gradients in range. Notebook 29 has hints you open when you want them.
+to keep the small gradients in range. Notebook 32 has hints you open when you want them.
 """
 import argparse
 import math

@@ -8,7 +8,7 @@ and held every averaged gradient, though its optimizer steps only its own shard.
 further: while backward() runs, each bucket of gradients is sent as soon as it is complete, and each
 process receives the sum of its own shard of that bucket only; the full gradients are then freed.
 After the step, the processes gather the updated shards so that each holds the whole model again.
-Notebook 27 has hints you open when you want them.
+Notebook 30 has hints you open when you want them.
 """
 import argparse
 import datetime
@@ -172,7 +172,7 @@ def worker(rank, args):
             print(f"rank {f['rank']}: gradients held at the step: DDP {f['held']['ddp'] / 1024:.0f} KB, "
                   f"Zero2 {f['held']['zero2'] / 1024:.0f} KB; largest difference from DDP's weights "
                   f"{f['difference']:.1e}", flush=True)
-        if args.json_file:  # for notebook 27's picture
+        if args.json_file:  # for notebook 30's picture
             with open(args.json_file, "w") as f:
                 json.dump({"world_size": args.world_size, "param_bytes": params, "ranks": found}, f)
     # Free the models (DDP's hooks can make reference cycles, hence gc) before the process group:

@@ -723,7 +723,7 @@ EXERCISE_MISTAKES += [
             "the model's parameters are not TinyGPT's"),
 ]
 
-# zero2.py (notebook 27): ZeRO-2 by hand
+# zero2.py (notebook 30): ZeRO-2 by hand
 ZERO2_RECEIVED = "            self.shards[b].grad = received / self.world_size\n"
 ZERO2_SENT = "        work = dist.reduce_scatter_single(received, flat, async_op=True)\n"
 EXERCISE_MISTAKES += [
@@ -752,7 +752,7 @@ EXERCISE_MISTAKES += [
         ""),), "from DistributedDataParallel's"),
 ]
 
-# lamb.py (notebook 28): LAMB, a trust ratio on Adam's update
+# lamb.py (notebook 31): LAMB, a trust ratio on Adam's update
 LAMB_RATIO = "                    weight_norm, update_norm = p.norm(), update.norm()\n"
 EXERCISE_MISTAKES += [
     Mistake("lamb_ratio_on_numerator", "lamb", ((LAMB_RATIO, "                    weight_norm, update_norm = p.norm(), "
@@ -769,7 +769,7 @@ EXERCISE_MISTAKES += [
         "                        update = update * (weight_norm / update_norm)\n", ""),), "that is AdamW"),
 ]
 
-# loss_scaling.py (notebook 29): fp16 dynamic loss scaling by hand
+# loss_scaling.py (notebook 32): fp16 dynamic loss scaling by hand
 EXERCISE_MISTAKES += [
     Mistake("loss_scaling_never_grows", "loss_scaling", ((
         "            self.good_steps += 1\n            if self.good_steps == self.growth_interval:\n"
@@ -790,4 +790,23 @@ EXERCISE_MISTAKES += [
         "            self.current *= self.backoff_factor\n"),), "since the last one skipped"),
     Mistake("loss_scaling_not_unscaled", "loss_scaling", ((
         "                    p.grad.div_(self.current)\n", ""),), "from those beside GradScaler"),
+]
+
+# checkpointing.py (notebook 33): activation checkpointing
+EXERCISE_MISTAKES += [
+    Mistake("checkpointing_last_run_kept", "checkpointing", ((  # torch's checkpoint_sequential's way: the last run plain
+        "        x = checkpoint(blocks[start:end], x, use_reentrant=False)\n",
+        "        if end < len(blocks):\n            x = checkpoint(blocks[start:end], x, use_reentrant=False)\n"
+        "        else:\n            x = blocks[start:end](x)\n"),), "KB for backward during the forward"),
+    Mistake("checkpointing_by_hand_input_gradient_only", "checkpointing", ((
+        "        torch.autograd.backward(y, grad_output)\n        return x.grad, None\n",
+        "        (grad_x,) = torch.autograd.grad(y, x, grad_output)\n        return grad_x, None\n"),),
+            "a block's parameters got no gradient"),
+    Mistake("checkpointing_by_hand_every_block", "checkpointing", ((  # a Recompute per block, not per run
+        "        x = Recompute.apply(x, blocks[start:end])\n",
+        "        for k in range(start, end):\n            x = Recompute.apply(x, blocks[k])\n"),),
+            "where one input per run is 8 KB"),
+    Mistake("checkpointing_not_checkpointed", "checkpointing", ((
+        "        x = checkpoint(blocks[start:end], x, use_reentrant=False)\n", "        x = blocks[start:end](x)\n"),),
+            "(the plain forward keeps 200 KB)"),
 ]

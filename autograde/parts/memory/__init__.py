@@ -1,1 +1,1 @@
-"""Part memory (notebooks 27-): where a rank's memory goes and how to win it back. See autograde/parts/__init__.py for what each file holds."""
+"""Part memory (notebooks 30-): where a rank's memory goes and how to win it back. See autograde/parts/__init__.py for what each file holds."""

@@ -1,4 +1,4 @@
-"""The checks of part memory (notebooks 27-), one function per graded item.
+"""The checks of part memory (notebooks 30-), one function per graded item.
 
 ZeRO-2 (exercises/zero2.py) is tried by autograde/parts/memory/inprocess.py `zero2`: on 2 and then 3
 processes, every rank trains the part's model with the learner's Zero2 and SGD with momentum, at a
@@ -7,12 +7,16 @@ initial weights, and compares its weights with DistributedDataParallel's trained
 for each step, which collectives the learner's code made, how much each reduced, and whether it began
 before backward() returned; each rank weighs the gradients it holds whenever its optimizer steps.
 
-LAMB (exercises/lamb.py) is tried by inprocess.py `lamb` on parameters of every kind, against notebook 28's
+LAMB (exercises/lamb.py) is tried by inprocess.py `lamb` on parameters of every kind, against notebook 31's
 update in float64, and against the updates of known mistakes where it differs.
 
 The loss scaler (exercises/loss_scaling.py) is tried by inprocess.py `loss_scaling` beside torch.amp.GradScaler,
 step by step, with an inf or a nan put into some inputs: the scales, the steps taken and skipped, the weights
 and the optimizer's state, for two settings.
+
+Activation checkpointing (exercises/checkpointing.py) is tried by inprocess.py `checkpointing`: both of the
+learner's forwards on 8 blocks, in 1, 2 and 3 runs, against the plain forward pass; the bytes autograd kept
+for backward, and the blocks computed again in backward.
 """
 from __future__ import annotations
 
@@ -23,11 +27,14 @@ from autograde.engine.run import Run
 from autograde.engine.verdicts import rank_reports, require, run_ok
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.memory.reports import (
+    CHECKPOINT_BLOCKS,
     LAMB_STEPS,
     LOSS_SCALINGS,
     ZERO2_BUCKETS_MB,
     ZERO2_STEPS,
     ZERO2_WORLD_SIZES,
+    CheckpointReport,
+    CheckpointTask,
     LambReport,
     LambTask,
     ScalingReport,
@@ -41,6 +48,7 @@ from autograde.protocol import REDUCING, ProcessTrace, decode
 ZERO2_RUNS = RunKind("zero2")
 LAMB_RUNS = RunKind("lamb")
 LOSS_SCALING_RUNS = RunKind("loss_scaling")
+CHECKPOINT_RUNS = RunKind("checkpointing")
 TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
 LAMB_TOLERANCE = 1e-5  # relative to the largest entry: float32 against the float64 definition
 
@@ -203,7 +211,7 @@ LAMB_MISTAKES = {
 def check_lamb(ws: Workspace) -> str:
     """LAMB on seven parameters (a linear layer's weight and bias, a convolution's weight, a norm's scale, a weight
     whose gradient is zero, a weight of zeros, and one in a second param group with other options), 3 steps:
-    each equals notebook 28's update computed in float64, to 1e-5 of its size. A parameter that differs is
+    each equals notebook 31's update computed in float64, to 1e-5 of its size. A parameter that differs is
     named, with the known mistake it matches, if it matches one."""
     run = ws.called(LAMB_RUNS, "1", "LAMB's steps", LambTask(world_sizes=[1]))
     (report,) = rank_reports(run, LambReport, "the file must import, and LAMB work as the TODO's contract says")
@@ -218,7 +226,7 @@ def check_lamb(ws: Workspace) -> str:
             require(False, f"{said}: {mistake}", fix)
         require(False, f"{said} (at most {LAMB_TOLERANCE:g} of its size)" if p.difference != float("inf") else
                 f"after {LAMB_STEPS} steps, {p.name} (shape {tuple(p.shape)}) is not a finite number, or changed its "
-                "shape", "each parameter moves as notebook 28's update says, with its own param group's lr, betas, "
+                "shape", "each parameter moves as notebook 31's update says, with its own param group's lr, betas, "
                 "eps and weight_decay")
     return ("LAMB moves weights, biases, norms' scales, a weight of zeros and one with a zero gradient as the update "
             "says, in two param groups")
@@ -286,3 +294,52 @@ def check_loss_scaling(ws: Workspace) -> str:
     return (f"LossScaler makes GradScaler's decisions at every step, in two settings: the scale backs off at each of "
             f"the {skipped} overflows (an inf or a nan), grows back after its interval, and a skipped step leaves the "
             "weights and the optimizer's state untouched")
+
+
+CHECKPOINT_SLACK = 4096  # bytes a correct forward may keep beyond one input per run (none here; a margin)
+WHAT = {"run_checkpointed": "run_checkpointed (torch.utils.checkpoint)", "run_by_hand": "run_by_hand (Recompute)"}
+
+
+def _judge_checkpointing(report: CheckpointReport, function: str) -> str:
+    cases = [c for c in report.cases if c.function == function]
+    require(cases, f"{WHAT[function]} was not tried", f"define {function}(blocks, x, segments)")
+    act = report.activation_bytes
+    for c in cases:
+        at = f"{WHAT[function]} with {c.segments} run{'s' if c.segments > 1 else ''} of {CHECKPOINT_BLOCKS} blocks"
+        require(c.error is None, f"{at}: {c.error}", f"{function}(blocks, x, segments) returns blocks(x), "
+                "and backward() goes through it")
+        require(c.output <= TOLERANCE, f"{at}: the output is {c.output:.1e} from blocks(x)", "apply every block, "
+                "in order, each exactly once in the forward pass")
+        require(c.input_grad != float("inf"), f"{at}: the input got no gradient", "backward must return the "
+                "gradient with respect to the run's input")
+        require(c.param_grad != float("inf"), f"{at}: a block's parameters got no gradient: backward computed the "
+                "input's gradient alone", "go back through the recomputed run so that its parameters' .grad "
+                "receive their gradients too (torch.autograd.backward, not torch.autograd.grad of the input alone)")
+        require(c.input_grad <= TOLERANCE and c.param_grad <= TOLERANCE, f"{at}: the gradients are "
+                f"{max(c.input_grad, c.param_grad):.1e} from the plain forward's (input {c.input_grad:.1e}, "
+                f"parameters {c.param_grad:.1e})", "compute the run again from the very input it had in the forward "
+                "pass, and go back through it once")
+        limit = c.segments * act + CHECKPOINT_SLACK
+        require(c.kept_bytes <= limit, f"{at}: autograd kept {c.kept_bytes / 1024:.0f} KB for backward during the "
+                f"forward, where one input per run is {c.segments * act / 1024:.0f} KB (the plain forward keeps "
+                f"{report.plain_bytes / 1024:.0f} KB)", "checkpoint every run, the last too, and compute inside a run "
+                "without keeping anything for backward (in Recompute.forward, under torch.no_grad)")
+        least = CHECKPOINT_BLOCKS - c.segments  # torch's non-reentrant checkpoint skips each run's last block
+        require(c.recomputed >= least, f"{at}: {c.recomputed} blocks ran again in backward, where every run is "
+                f"computed again ({least} at least)", "compute each run again in backward, from its input")
+    return f"{min(c.kept_bytes for c in cases) / 1024:.0f}-{max(c.kept_bytes for c in cases) / 1024:.0f} KB"
+
+
+def check_checkpointing(ws: Workspace) -> str:
+    """run_checkpointed (torch.utils.checkpoint) and run_by_hand (the learner's Recompute) on 8 blocks of 64 wide, in
+    1, 2 and 3 runs (3, 2 and 3 blocks): the output and every gradient (input and parameters) equal the plain
+    forward's to 1e-6; during the forward, autograd keeps at most one input per run for backward
+    (torch.autograd.graph.saved_tensors_hooks weighs it, each buffer once); and in backward the blocks run again (at
+    least all but each run's last). The torch.utils.checkpoint form is judged first."""
+    run = ws.called(CHECKPOINT_RUNS, "1", "the checkpointed forwards", CheckpointTask(world_sizes=[1]))
+    (report,) = rank_reports(run, CheckpointReport, "the file must import, and its functions work as the TODOs' "
+                             "contract says")
+    kept = {function: _judge_checkpointing(report, function) for function in WHAT}
+    return (f"both forwards give the plain forward's output and gradients in 1 to 3 runs, keeping one input per run "
+            f"for backward (torch.utils.checkpoint {kept['run_checkpointed']}, by hand {kept['run_by_hand']}, the "
+            f"plain forward {report.plain_bytes / 1024:.0f} KB) and computing each run again in backward")

@@ -1,4 +1,4 @@
-"""Part memory (notebooks 27-) inside the learner's processes.
+"""Part memory (notebooks 30-) inside the learner's processes.
 
 - `zero2`: every rank trains the part's model with DistributedDataParallel (the reference), then, from
   its own initial weights, with the learner's `Zero2(model, torch.optim.SGD, bucket_size_mb, **options)`
@@ -9,13 +9,16 @@
   buffer), and the model's own gradients once backward() has returned. Each step is traced: case_start, backward_end once backward() has returned, case_end after
   the learner's step(). It runs on the CPU with gloo, even where there are GPUs: judged on arithmetic.
 - `lamb`: the learner's LAMB moves parameters of every kind, in two param groups, for 3 steps; each is
-  compared with notebook 28's update computed here in float64 and, where it differs, with the updates
+  compared with notebook 31's update computed here in float64 and, where it differs, with the updates
   of known mistakes (LAMB_VARIANTS).
 - `loss_scaling`: the learner's LossScaler and torch.amp.GradScaler each drive SGD with momentum and weight
   decay on the same small model, from the same weights, on the same batches (an inf or a nan put into some
   inputs, so that every gradient overflows there), for each setting of LOSS_SCALINGS; each step reports
   both scales, whether each moved the weights, the weights' difference, and the momentum buffers each
   optimizer's state holds (a step skipped must leave them as they were).
+- `checkpointing`: the learner's run_checkpointed and run_by_hand on 8 blocks, for 1, 2 and 3 runs, against
+  the plain forward pass: the output and every gradient, the bytes autograd kept for backward during the
+  forward (torch.autograd.graph.saved_tensors_hooks, each buffer once), and the blocks run again in backward.
 """
 from __future__ import annotations
 
@@ -25,6 +28,11 @@ from typing import Any
 from autograde.inprocess import tracer
 from autograde.inprocess.learner_file import learner_module, short_error
 from autograde.parts.memory.reports import (
+    CHECKPOINT_BATCH,
+    CHECKPOINT_BLOCKS,
+    CHECKPOINT_FUNCTIONS,
+    CHECKPOINT_SEGMENTS,
+    CHECKPOINT_WIDTH,
     LAMB_GROUPS,
     LAMB_STEPS,
     LOSS_SCALING_STEPS,
@@ -32,6 +40,9 @@ from autograde.parts.memory.reports import (
     OVERFLOW_STEPS,
     ZERO2_OPTIONS,
     ZERO2_STEPS,
+    CheckpointCase,
+    CheckpointReport,
+    CheckpointTask,
     LambParam,
     LambReport,
     LambTask,
@@ -169,7 +180,7 @@ def _lamb_grads(params: list[tuple[str, Any, int, bool]]) -> list[list[Any]]:
 
 # What a LAMB step does to one parameter, and the known ways to get it wrong, each changing one rule
 LAMB_VARIANTS = {
-    None: "notebook 28's LAMB",
+    None: "notebook 31's LAMB",
     "ratio_on_numerator": "the trust ratio's denominator the norm of Adam's numerator (the averaged gradient) alone",
     "ratio_without_decay": "the trust ratio on Adam's update without weight decay, the decay added after",
     "no_bias_correction": "Adam's running averages without bias correction",
@@ -332,4 +343,85 @@ def loss_scaling(rank: int, options: ScalingTask, device: Any) -> ScalingReport:
         except BaseException as err:
             case.error = short_error(err, options.script)
             return report
+    return report
+
+
+# --- Activation checkpointing -------------------------------------------------------------------
+
+def _checkpoint_blocks() -> Any:
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(CHECKPOINT_WIDTH, CHECKPOINT_WIDTH), nn.Tanh())
+                           for _ in range(CHECKPOINT_BLOCKS)])
+
+
+def _kept(forward: Any) -> tuple[int, Any]:
+    """What autograd keeps for backward while forward() runs, in bytes (each buffer once), and its output."""
+    import torch
+
+    kept: dict[int, int] = {}
+
+    def pack(tensor: Any) -> Any:
+        storage = tensor.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = forward()
+    return sum(kept.values()), out
+
+
+@performs(CheckpointTask)
+def checkpointing(rank: int, options: CheckpointTask, device: Any) -> CheckpointReport:
+    import torch
+
+    report = CheckpointReport(options.world_size, rank)
+    blocks = _checkpoint_blocks()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(CHECKPOINT_BATCH, CHECKPOINT_WIDTH, generator=generator)
+    weights = torch.randn(CHECKPOINT_BATCH, CHECKPOINT_WIDTH, generator=generator)  # the loss: (y * weights).sum()
+    report.activation_bytes = x.numel() * x.element_size()
+    plain_x = x.clone().requires_grad_()
+    report.plain_bytes, out = _kept(lambda: blocks(plain_x))
+    (out * weights).sum().backward()
+    assert plain_x.grad is not None
+    expected = out.detach(), plain_x.grad, [p.grad.clone() for p in blocks.parameters() if p.grad is not None]
+    try:
+        module = learner_module(options.script)
+    except BaseException as err:
+        report.error = short_error(err, options.script)
+        return report
+    backward = {"running": False, "calls": 0}
+
+    def count(*_: Any) -> None:
+        backward["calls"] += backward["running"]
+
+    hooks = [block.register_forward_hook(count) for block in blocks]
+    try:
+        for name in CHECKPOINT_FUNCTIONS:
+            for segments in CHECKPOINT_SEGMENTS:
+                case = CheckpointCase(name, segments)
+                report.cases.append(case)
+                blocks.zero_grad(set_to_none=True)
+                mine = x.clone().requires_grad_()
+                backward.update(running=False, calls=0)
+                try:
+                    function = getattr(module, name)
+                    case.kept_bytes, out = _kept(lambda: function(blocks, mine, segments))
+                    case.output = float((out.detach() - expected[0]).abs().max())
+                    backward["running"] = True
+                    (out * weights).sum().backward()
+                    backward["running"] = False
+                except BaseException as err:
+                    case.error = short_error(err, options.script)
+                    continue
+                case.recomputed = backward["calls"]
+                case.input_grad = float((mine.grad - expected[1]).abs().max()) if mine.grad is not None else float("inf")
+                grads = [(p.grad, q) for p, q in zip(blocks.parameters(), expected[2])]
+                case.param_grad = max((float((g - q).abs().max()) if g is not None else float("inf") for g, q in grads))
+    finally:
+        for hook in hooks:
+            hook.remove()
     return report

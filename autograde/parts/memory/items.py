@@ -1,4 +1,4 @@
-"""Part memory, memory and precision (notebooks 27-): ZeRO-2 by hand; LAMB beside part 6's LARS; fp16 loss scaling."""
+"""Part memory, memory and precision (notebooks 30-): ZeRO-2 by hand; LAMB beside part 6's LARS; fp16 loss scaling; activation checkpointing."""
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
@@ -6,11 +6,14 @@ from autograde.parts.memory import checks
 
 PART_ID = "memory"
 ITEMS = [
-    exercise("zero2", "ZeRO-2: gradients reduce-scattered during backward, a shard kept", 3, PART_ID, "27_zero_2",
+    exercise("zero2", "ZeRO-2: gradients reduce-scattered during backward, a shard kept", 3, PART_ID, "30_zero_2",
              "zero2.py", (checks.ZERO2_RUNS,), checks.check_zero2),
-    exercise("lamb", "LAMB: a trust ratio on Adam's update", 2, PART_ID, "28_lamb", "lamb.py", (checks.LAMB_RUNS,),
+    exercise("lamb", "LAMB: a trust ratio on Adam's update", 2, PART_ID, "31_lamb", "lamb.py", (checks.LAMB_RUNS,),
              checks.check_lamb),
     exercise("loss_scaling", "fp16 dynamic loss scaling: GradScaler's decisions by hand", 2, PART_ID,
-             "29_loss_scaling", "loss_scaling.py", (checks.LOSS_SCALING_RUNS,), checks.check_loss_scaling),
+             "32_loss_scaling", "loss_scaling.py", (checks.LOSS_SCALING_RUNS,), checks.check_loss_scaling),
+    exercise("checkpointing", "activation checkpointing: with torch.utils.checkpoint, and by hand", 3, PART_ID,
+             "33_checkpointing", "checkpointing.py", (checks.CHECKPOINT_RUNS,), checks.check_checkpointing),
 ]
-PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand, LAMB, loss scaling", "2[7-9]_*.ipynb", "2[7-9]_*", (), tuple(ITEMS))
+PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand, LAMB, loss scaling, activation checkpointing", "3[0-9]_*.ipynb",
+            "3[0-9]_*", (), tuple(ITEMS))

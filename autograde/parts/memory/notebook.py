@@ -1,7 +1,8 @@
-"""What the notebooks of part memory (notebooks 27-) call: the learner's ZeRO-2 program run beside DDP
-(27); the learner's LAMB and AdamW at one large batch, on the same experiment as notebook 24's LARS
-(28); the learner's loss scaler beside torch.amp.GradScaler (29); and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a time
-limit and leaves nothing running (runtime.run)."""
+"""What the notebooks of part memory (notebooks 30-) call: the learner's ZeRO-2 program run beside DDP (30);
+the learner's LAMB and AdamW at one large batch, on the same experiment as notebook 24's LARS (31); the
+learner's loss scaler beside torch.amp.GradScaler (32); the learner's checkpointed forwards weighed and
+timed (33); and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a
+time limit and leaves nothing running (runtime.run)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from autograde.jupyter.figures import finish
 ZERO2 = "exercises/zero2.py"
 LAMB = "exercises/lamb.py"
 LOSS_SCALING = "exercises/loss_scaling.py"
+CHECKPOINTING = "exercises/checkpointing.py"
 # The global rates at the large batch: AdamW's and LAMB's (a step of LAMB moves each layer by about lr x ||w||)
 ADAMW_LR, LAMB_LR = 0.004, 0.02
 
@@ -86,4 +88,10 @@ def lamb_runs(model: str = "wideresnet", script: str = LAMB) -> dict[str, list[d
 
 def loss_scaling(*args: str, script: str = LOSS_SCALING) -> str:
     """Runs the loss-scaling program (your LossScaler beside torch.amp.GradScaler, step by step); its output."""
+    return runtime.run([sys.executable, runtime.course_file(script), *args], timeout=300)
+
+
+def checkpointing(*args: str, script: str = CHECKPOINTING) -> str:
+    """Runs the checkpointing program (the bytes a step keeps for backward and its time, plain and by runs); its
+    output."""
     return runtime.run([sys.executable, runtime.course_file(script), *args], timeout=300)

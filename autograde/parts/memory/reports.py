@@ -29,6 +29,12 @@ LOSS_SCALINGS = ({"init_scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 
 OVERFLOW_STEPS = {3: "inf", 4: "inf", 8: "nan", 13: "inf"}  # counted from 1
 LOSS_SCALING_STEPS = 16
 
+# Activation checkpointing (inprocess.py `checkpointing`): the blocks, their width, the batch, and the numbers of
+# runs tried (3 does not divide 8: runs of 3, 2 and 3 blocks)
+CHECKPOINT_BLOCKS, CHECKPOINT_WIDTH, CHECKPOINT_BATCH = 8, 64, 32
+CHECKPOINT_SEGMENTS = (1, 2, 3)
+CHECKPOINT_FUNCTIONS = ("run_checkpointed", "run_by_hand")
+
 # The events this part's in-process code adds to a trace, with their fields (protocol.EVENTS has the core's)
 EVENTS: dict[str, tuple[str, ...]] = {
     # zero2: each step is case_start, the forward and backward passes, backward_end, the learner's step(),
@@ -74,7 +80,7 @@ class Zero2Task(Task):
 
 @dataclass
 class LambParam:
-    """One parameter moved by the learner's LAMB, against notebook 28's update in float64."""
+    """One parameter moved by the learner's LAMB, against notebook 31's update in float64."""
 
     name: str                         # what it stands for: "a linear layer's weight", "a bias", ...
     shape: list[int]
@@ -130,5 +136,36 @@ class ScalingReport:
 @dataclass
 class ScalingTask(Task):
     """The learner's LossScaler beside torch.amp.GradScaler, step by step, with overflows injected."""
+
+    on_cpu: ClassVar[bool] = True
+
+
+@dataclass
+class CheckpointCase:
+    """One call of a learner's checkpointed forward, against the plain forward pass."""
+
+    function: str                     # one of CHECKPOINT_FUNCTIONS
+    segments: int
+    output: float = float("inf")      # largest |difference| of the output from the plain forward's
+    input_grad: float = float("inf")  # ... of the input's gradient (inf: none)
+    param_grad: float = float("inf")  # ... of the blocks' parameters' gradients (inf: a parameter got none)
+    kept_bytes: int = 0               # what autograd kept for backward during the forward (each buffer once)
+    recomputed: int = 0               # blocks run again during backward
+    error: str | None = None
+
+
+@dataclass
+class CheckpointReport:
+    world_size: int
+    rank: int
+    plain_bytes: int = 0              # what the plain forward kept for backward
+    activation_bytes: int = 0         # one block's output: the input of a run
+    cases: list[CheckpointCase] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class CheckpointTask(Task):
+    """The learner's checkpointed forwards against the plain one: gradients, bytes kept, blocks recomputed."""
 
     on_cpu: ClassVar[bool] = True

@@ -30,8 +30,10 @@ COLLECTIVES = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather", "al
                "reduce_scatter", "gather", "scatter", "all_gather_object", "broadcast_object_list",
                "gather_object", "monitored_barrier", "reduce_scatter_tensor", "reduce_scatter_single",
                "all_gather_single")
-# The tensors' names of the calls that reduce: "numel" in their "enter" event is the size of what they reduce
+# The calls that reduce, and those that gather: "numel" in their "enter" event is the size of what they reduce (a
+# reduce-scatter's whole input), or of what they gather (the whole output)
 REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+GATHERING = ("all_gather", "all_gather_into_tensor", "all_gather_single")
 
 T = TypeVar("T")
 
@@ -161,7 +163,8 @@ class CallsReport:
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
     # all_reduce's: its tensor's size, async or not; the other reducing calls' (REDUCING): what they reduce, the
-    # whole input (a reduce-scatter's, not its output's); any collective given a group: the group's size;
+    # whole input (a reduce-scatter's, not its output's); the gathering calls' (GATHERING): the whole output's size;
+    # any collective given a group: the group's size;
     # init_process_group's: the rank it was given (`rank`, else None) and RANK in the environment
     "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size", "env_rank"),
     # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted

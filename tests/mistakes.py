@@ -810,3 +810,23 @@ EXERCISE_MISTAKES += [
         "        x = checkpoint(blocks[start:end], x, use_reentrant=False)\n", "        x = blocks[start:end](x)\n"),),
             "(the plain forward keeps 200 KB)"),
 ]
+
+# zero3.py (notebook 34): ZeRO-3 by hand
+EXERCISE_MISTAKES += [
+    Mistake("zero3_freed_before_backward", "zero3", ((  # not gathered again: backward meets empty parameters
+        "        if out.requires_grad:  # backward reaches this unit when the gradient of its output arrives\n"
+        "            out.register_hook(lambda grad, unit=unit: self._gather(unit))\n", ""),),
+            "they had been freed after its forward and not gathered again"),
+    Mistake("zero3_not_freed_after_forward", "zero3", ((
+        "    def _after_forward(self, unit, out):\n        self._free(unit)\n", "    def _after_forward(self, unit, out):\n"),),
+            "had finished its forward already"),
+    Mistake("zero3_kept_after_backward", "zero3", ((
+        "        for p in unit[\"params\"]:\n            p.grad = None\n        self._free(unit)\n",
+        "        for p in unit[\"params\"]:\n            p.grad = None\n"),), "had finished its backward already"),
+    Mistake("zero3_sum_not_average", "zero3", ((
+        "        unit[\"shard\"].grad = received / self.world_size\n", "        unit[\"shard\"].grad = received\n"),),
+            "trained on the sum of the ranks' gradients"),
+    Mistake("zero3_no_broadcast", "zero3", ((
+        "        for tensor in [*model.parameters(), *model.buffers()]:\n            dist.broadcast(tensor.data, src=0)\n",
+        ""),), "the ranks did not start from rank 0's weights"),
+]

@@ -32,7 +32,7 @@ import weakref
 from types import FrameType, ModuleType
 from typing import Any, Callable
 
-from autograde.protocol import COLLECTIVES, REDUCING
+from autograde.protocol import COLLECTIVES, GATHERING, REDUCING
 from autograde.settings import SCRIPT, WARM_SPAWN
 
 _trace_dir = ""
@@ -112,13 +112,17 @@ def _group_size(dist: Any, group: Any) -> int | None:
         return None
 
 
-def _reduced(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """How many elements a reducing call (REDUCING) reduces: a reduce-scatter's whole input, not its output."""
+def _elements(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """How many elements a reducing call (REDUCING) reduces, a reduce-scatter's whole input, not its output; or a
+    gathering call (GATHERING) gathers, its whole output."""
     if name in ("all_reduce", "reduce"):
         given = args[0] if args else kwargs.get("tensor")
-    elif name == "reduce_scatter":
-        parts = args[1] if len(args) > 1 else kwargs.get("input_list")
+    elif name in ("reduce_scatter", "all_gather"):
+        parts = args[0 if name == "all_gather" else 1] if len(args) > 1 else kwargs.get(
+            "tensor_list" if name == "all_gather" else "input_list")
         return sum(int(t.numel()) for t in parts) if isinstance(parts, (list, tuple)) else None
+    elif name in GATHERING:
+        given = args[0] if args else kwargs.get("output_tensor")
     else:
         given = args[1] if len(args) > 1 else kwargs.get("input")
     numel = getattr(given, "numel", None)
@@ -141,7 +145,7 @@ def _wrap_collective(module: Any, name: str) -> None:
             return original(*args, **kwargs)
         group = kwargs.get("group", args[2] if name == "all_reduce" and len(args) > 2 else None)
         among = {"group_size": _group_size(module, group)} if group is not None else {}
-        numel = _reduced(name, args, kwargs) if name in REDUCING else None
+        numel = _elements(name, args, kwargs) if name in REDUCING or name in GATHERING else None
         if numel is not None and name == "all_reduce":  # how much (a bucket's or a parameter's), and whether it waits
             emit("enter", call=name, numel=numel, async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])),
                  **among)

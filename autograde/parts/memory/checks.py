@@ -1,11 +1,4 @@
-"""The checks of part memory (notebooks 30-), one function per graded item.
-
-ZeRO-2 (exercises/zero2.py) is tried by autograde/parts/memory/inprocess.py `zero2`: on 2 and then 3
-processes, every rank trains the part's model with the learner's Zero2 and SGD with momentum, at a
-bucket size that holds the whole model and at one that cuts it into several buckets, from its own
-initial weights, and compares its weights with DistributedDataParallel's trained alike. The trace says,
-for each step, which collectives the learner's code made, how much each reduced, and whether it began
-before backward() returned; each rank weighs the gradients it holds whenever its optimizer steps.
+"""The checks of part memory (notebooks 30-) other than ZeRO's (checks_zero.py), one function per graded item.
 
 LAMB (exercises/lamb.py) is tried by inprocess.py `lamb` on parameters of every kind, against notebook 31's
 update in float64, and against the updates of known mistakes where it differs.
@@ -20,19 +13,12 @@ for backward, and the blocks computed again in backward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-from autograde.engine.run import Run
-from autograde.engine.verdicts import rank_reports, require, run_ok
+from autograde.engine.verdicts import rank_reports, require
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.memory.reports import (
     CHECKPOINT_BLOCKS,
     LAMB_STEPS,
     LOSS_SCALINGS,
-    ZERO2_BUCKETS_MB,
-    ZERO2_STEPS,
-    ZERO2_WORLD_SIZES,
     CheckpointReport,
     CheckpointTask,
     LambReport,
@@ -40,156 +26,13 @@ from autograde.parts.memory.reports import (
     ScalingReport,
     ScalingStep,
     ScalingTask,
-    Zero2Report,
-    Zero2Task,
 )
-from autograde.protocol import REDUCING, ProcessTrace, decode
 
-ZERO2_RUNS = RunKind("zero2")
 LAMB_RUNS = RunKind("lamb")
 LOSS_SCALING_RUNS = RunKind("loss_scaling")
 CHECKPOINT_RUNS = RunKind("checkpointing")
 TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
 LAMB_TOLERANCE = 1e-5  # relative to the largest entry: float32 against the float64 definition
-
-
-@dataclass
-class _Step:
-    case: int
-    during: list[dict[str, Any]] = field(default_factory=list)  # reducing calls begun before backward() returned
-    after: list[dict[str, Any]] = field(default_factory=list)   # ... in step()
-
-
-def _steps(trace: ProcessTrace) -> list[_Step]:
-    steps: list[_Step] = []
-    in_step = backward_done = False
-    for e in trace.events:
-        if e["ev"] == "case_start":
-            steps.append(_Step(int(e["case"])))
-            in_step, backward_done = True, False
-        elif e["ev"] == "backward_end":
-            backward_done = True
-        elif e["ev"] == "case_end":
-            in_step = False
-        elif in_step and e["ev"] == "enter" and e.get("call") in REDUCING:
-            (steps[-1].after if backward_done else steps[-1].during).append(e)
-    return steps
-
-
-def _kb(n: float) -> str:
-    return f"{n / 1024:.1f} KB"
-
-
-def _bucket(case: int) -> str:
-    return f"buckets of {ZERO2_BUCKETS_MB[case] * 1024:g} KB"
-
-
-def _run(ws: Workspace) -> tuple[Run, list[Zero2Report]]:
-    sizes = [str(n) for n in ZERO2_WORLD_SIZES]
-    run = ws.called(ZERO2_RUNS, "-".join(sizes), f"Zero2 on {' and '.join(sizes)} processes",
-                    Zero2Task(world_sizes=list(ZERO2_WORLD_SIZES), bucket_sizes=list(ZERO2_BUCKETS_MB)))
-    if run.stalled or any(r.timed_out for r in run.results):
-        run_ok(run, "every rank must make the same collectives in the same order: one for each bucket, whatever "
-               "the rank, and the same gathers after the step")
-    reports = sorted((decode(Zero2Report, r) for r in (run.report or {}).get("ranks", [])),
-                     key=lambda r: (r.world_size, r.rank))
-    require(reports, run.problem() or f"the {run.name} reported nothing", "the file must import without errors")
-    for r in reports:
-        where = f"with {r.world_size} processes, rank {r.rank}"
-        require(r.error is None, f"{where}: {r.error}", "define Zero2(model, optimizer_cls, bucket_size_mb, **kwargs)")
-        for c in r.cases:
-            require(c.error is None, f"{where}, {_bucket(c.case)}: {c.error}", "Zero2(model, optimizer_cls, "
-                    "bucket_size_mb, **kwargs) must work on any model (a frozen parameter has no gradient), with any "
-                    "optimizer and its options; step() follows loss.backward()")
-    require({r.world_size for r in reports} == set(ZERO2_WORLD_SIZES), f"the {run.name} ran only with "
-            f"{sorted({r.world_size for r in reports})} processes", "make Zero2 work with any world size")
-    return run, reports
-
-
-def _judge_messages(run: Run, reports: list[Zero2Report]) -> dict[int, int]:
-    """What each step sent: no gradient all-reduced, every gradient element reduced, all of it during backward,
-    in several messages when the buckets are small. Returns the messages a step sent at each bucket size."""
-    whole = {r.world_size: r.whole_bytes // 4 for r in reports}
-    counts: dict[int, int] = {}
-    for (n, rank), trace in sorted(run.by_group().items()):
-        where = f"with {n} processes, rank {rank}"
-        for k, step in enumerate(_steps(trace)):
-            at = f"{where}, {_bucket(step.case)}, step {k % ZERO2_STEPS + 1}"
-            sent = step.during + step.after
-            averaged = [e for e in sent if e.get("call") == "all_reduce" and (e.get("numel") or 0) > 1]
-            require(not averaged, f"{at}: an all_reduce of {averaged[0].get('numel') if averaged else 0} elements: "
-                    "every rank received whole gradients, as under DDP", "send each bucket so that each rank receives "
-                    "the sum of its own shard alone (a reduce-scatter), never the whole")
-            gradients = [e for e in sent if e.get("call") != "all_reduce"]
-            total = sum(e.get("numel") or 0 for e in gradients)
-            require(total > 0, f"{at}: no call reduced any gradient, so each rank stepped with its own",
-                    "send each bucket of gradients so that each rank receives the sum of its own shard")
-            require(total >= whole[n], f"{at}: the calls that reduce gradients reduced {total} elements, where the "
-                    f"model's trainable gradients hold {whole[n]}", "every trainable parameter's gradient must be in a "
-                    "bucket, and every bucket sent in every step (the last, partly filled one too)")
-            require(not step.after, f"{at}: {len(step.after)} of the {len(gradients)} messages of gradients began in "
-                    "step(), after backward() had returned: nothing overlapped the backward pass there",
-                    "send each bucket as soon as its last gradient is ready, from a hook on the parameters, while "
-                    "backward() is still running")
-            counts[step.case] = len(step.during)
-    small = ZERO2_BUCKETS_MB.index(min(ZERO2_BUCKETS_MB))
-    require(counts.get(small, 0) > 1, f"with {_bucket(small)}, each step sent its gradients in {counts.get(small, 0)} "
-            "message(s), where the model's 90 KB of gradients fill several buckets", "cut the gradients into buckets of "
-            "about bucket_size_mb, and send each one as soon as it is complete")
-    return counts
-
-
-def _judge_weights(reports: list[Zero2Report]) -> None:
-    for r in reports:
-        for c in r.cases:
-            at = f"with {r.world_size} processes, rank {r.rank}, {_bucket(c.case)}"
-            require(not (c.from_ddp > TOLERANCE and c.from_summed <= TOLERANCE), f"{at}: after {ZERO2_STEPS} steps "
-                    f"the weights are those of DDP trained on the sum of the ranks' gradients ({c.from_summed:.1e} "
-                    f"from them), not on their average ({c.from_ddp:.1e} from DDP's)", "a reduce-scatter sums: divide "
-                    "each rank's shard of the gradients by the world size before the optimizer steps")
-            require(c.from_ddp <= TOLERANCE, f"{at}: after {ZERO2_STEPS} steps a weight is {c.from_ddp:.1e} from "
-                    f"DistributedDataParallel's trained alike (at most {TOLERANCE:g})", "start every rank from rank "
-                    "0's parameters; step each shard with the average of its gradients over the ranks, with "
-                    "optimizer_cls and all of its options; then give every rank the whole updated model")
-
-
-def _judge_memory(reports: list[Zero2Report]) -> dict[int, list[float]]:
-    shares: dict[int, list[float]] = {}
-    for r in reports:
-        n = r.world_size
-        limit = r.whole_bytes / n + max(r.largest_bytes, 4 * n * r.tensors)  # uneven shards, or padding
-        for c in r.cases:
-            at = f"with {n} processes, rank {r.rank}, {_bucket(c.case)}"
-            require(c.steps_seen > 0, f"{at}: no optimizer of the rank began a step", "step the shards with an "
-                    "optimizer that optimizer_cls(...) makes, in step()")
-            kept = max(c.after_backward, default=0)
-            require(kept <= limit, f"{at}: when backward() returned, the model's own .grad held {_kb(kept)}, "
-                    f"{kept / r.whole_bytes:.0%} of its gradients, though every bucket had been sent", "drop each "
-                    "parameter's full .grad as soon as its bucket has left: only this rank's shard comes back")
-            held = max(c.gradient_bytes)
-            require(held <= limit, f"{at}: when its optimizer stepped, the rank held {_kb(held)} of gradients, "
-                    f"{held / r.whole_bytes:.0%} of the model's {_kb(r.whole_bytes)} that DDP holds; a shard is about "
-                    f"{1 / n:.0%} (at most {_kb(limit)} here)", "keep only this rank's shard of the gradients: drop "
-                    "each parameter's full .grad once its bucket has left, and keep no buffer of the whole bucket "
-                    "(a shard that is a view of one keeps all of it)")
-            shares.setdefault(n, []).append(held / r.whole_bytes)
-    return shares
-
-
-def check_zero2(ws: Workspace) -> str:
-    """Zero2 on 2 and 3 processes, at buckets of 1 MB (the whole model) and of 4 KB (several): after 3 steps
-    of SGD with momentum, every rank's weights equal DistributedDataParallel's to 1e-6; in every step, no
-    gradient is all-reduced, every trainable gradient element is reduced (a reduce-scatter, or a reduce to
-    an owner) and each such message begins before backward() returns, several a step with the small buckets;
-    and when its optimizer steps each rank holds at most 1/N of DDP's gradients, plus a largest parameter or
-    the padding of its shards (the buffers behind the model's .grad and the stepped tensors' .grad)."""
-    run, reports = _run(ws)
-    counts = _judge_messages(run, reports)
-    shares = _judge_memory(reports)  # before the weights: a full .grad kept also adds into the next step's
-    _judge_weights(reports)
-    held = "; ".join(f"on {n}, {min(s):.0%}-{max(s):.0%}" for n, s in shares.items())
-    return (f"Zero2 trains DDP's weights on 2 and 3 processes, no gradient all-reduced, each bucket sent during "
-            f"backward ({counts.get(1, 0)} a step with {_bucket(1)}); gradients held at the step, of DDP's: {held}")
 
 
 # What each known mistake is called in a verdict, and what to do about it
@@ -343,3 +186,4 @@ def check_checkpointing(ws: Workspace) -> str:
     return (f"both forwards give the plain forward's output and gradients in 1 to 3 runs, keeping one input per run "
             f"for backward (torch.utils.checkpoint {kept['run_checkpointed']}, by hand {kept['run_by_hand']}, the "
             f"plain forward {report.plain_bytes / 1024:.0f} KB) and computing each run again in backward")
+

@@ -1,13 +1,5 @@
-"""Part memory (notebooks 30-) inside the learner's processes.
+"""Part memory (notebooks 30-) inside the learner's processes, ZeRO's apart (inprocess_zero.py).
 
-- `zero2`: every rank trains the part's model with DistributedDataParallel (the reference), then, from
-  its own initial weights, with the learner's `Zero2(model, torch.optim.SGD, bucket_size_mb, **options)`
-  at each bucket size, and reports each case's largest difference from DDP's weights (and from DDP's
-  trained on the sum of the gradients), and the gradients this rank held whenever an optimizer other
-  than the reference's began a step: the unique buffers behind the model's .grad and behind the .grad of
-  the tensors that optimizer steps (a gradient that is a view of a larger buffer counts the whole
-  buffer), and the model's own gradients once backward() has returned. Each step is traced: case_start, backward_end once backward() has returned, case_end after
-  the learner's step(). It runs on the CPU with gloo, even where there are GPUs: judged on arithmetic.
 - `lamb`: the learner's LAMB moves parameters of every kind, in two param groups, for 3 steps; each is
   compared with notebook 31's update computed here in float64 and, where it differs, with the updates
   of known mistakes (LAMB_VARIANTS).
@@ -25,7 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autograde.inprocess import tracer
 from autograde.inprocess.learner_file import learner_module, short_error
 from autograde.parts.memory.reports import (
     CHECKPOINT_BATCH,
@@ -38,8 +29,6 @@ from autograde.parts.memory.reports import (
     LOSS_SCALING_STEPS,
     LOSS_SCALINGS,
     OVERFLOW_STEPS,
-    ZERO2_OPTIONS,
-    ZERO2_STEPS,
     CheckpointCase,
     CheckpointReport,
     CheckpointTask,
@@ -50,106 +39,8 @@ from autograde.parts.memory.reports import (
     ScalingReport,
     ScalingStep,
     ScalingTask,
-    Zero2Case,
-    Zero2Report,
-    Zero2Task,
 )
 from autograde.protocol import performs
-
-BATCH_PER_RANK = 4
-
-
-def zero2_model(seed: int) -> Any:
-    """The model ZeRO-2 is tried on: 15 trainable tensors of very different sizes (90 KB in all), in an
-    order whose reverse is the order backward() finishes them, and a frozen layer, which has no gradient."""
-    import torch
-    import torch.nn as nn
-
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = [nn.Linear(16, 64, bias=False), nn.LayerNorm(64)]
-    for _ in range(5):
-        layers += [nn.ReLU(), nn.Linear(64, 64)]
-    frozen = nn.Linear(64, 64)
-    frozen.requires_grad_(False)
-    return nn.Sequential(*layers, frozen, nn.ReLU(), nn.Linear(64, 16))
-
-
-def gradient_bytes(model: Any, optimizer: Any | None) -> int:
-    """The bytes of the buffers behind the model's gradients and those of the tensors `optimizer` steps."""
-    grads = [p.grad for p in model.parameters()]
-    grads += [p.grad for group in (optimizer.param_groups if optimizer else []) for p in group["params"]]
-    buffers = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads if g is not None}
-    return sum(buffers.values())
-
-
-def _reference(batches: list[tuple[Any, Any]], mine: slice, scale: float) -> list[Any]:
-    """DDP's weights after the steps, its loss scaled by `scale` (1: the average; N: the sum of the gradients)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = DistributedDataParallel(zero2_model(0))
-    optimizer = torch.optim.SGD(model.parameters(), **ZERO2_OPTIONS)  # type: ignore[arg-type]
-    for x, y in batches:
-        optimizer.zero_grad(set_to_none=True)
-        (F.cross_entropy(model(x[mine]), y[mine]) * scale).backward()
-        optimizer.step()
-    return [p.detach().clone() for p in model.module.parameters()]
-
-
-def _largest_difference(model: Any, wanted: list[Any]) -> float:
-    return max(float((p.detach() - w).abs().max()) for p, w in zip(model.parameters(), wanted))
-
-
-@performs(Zero2Task)
-def zero2(rank: int, options: Zero2Task, device: Any) -> Zero2Report:
-    import torch
-    import torch.nn.functional as F
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    n = options.world_size
-    report = Zero2Report(n, rank)
-    generator = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(n * BATCH_PER_RANK, 16, generator=generator),
-                torch.randint(0, 16, (n * BATCH_PER_RANK,), generator=generator)) for _ in range(ZERO2_STEPS)]
-    mine = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
-    averaged, summed = _reference(batches, mine, 1.0), _reference(batches, mine, float(n))
-    trainable = [p for p in zero2_model(0).parameters() if p.requires_grad]
-    report.whole_bytes = sum(p.numel() * p.element_size() for p in trainable)
-    report.largest_bytes = max(p.numel() * p.element_size() for p in trainable)
-    report.tensors = len(trainable)
-    try:
-        wrapper = getattr(learner_module(options.script), "Zero2")
-    except BaseException as err:
-        report.error = short_error(err, options.script)
-        return report
-    for case, bucket_size_mb in enumerate(options.bucket_sizes):
-        model = zero2_model(rank)  # each rank starts elsewhere: Zero2 must start every rank from rank 0's weights
-        found = Zero2Case(case, bucket_size_mb)
-        report.cases.append(found)
-
-        def weigh(optimizer: Any, args: Any, kwargs: Any) -> None:
-            found.steps_seen += 1
-            found.gradient_bytes.append(gradient_bytes(model, optimizer))
-
-        hook = register_optimizer_step_pre_hook(weigh)
-        try:
-            wrapped = wrapper(model, torch.optim.SGD, bucket_size_mb, **ZERO2_OPTIONS)
-            for x, y in batches:
-                tracer.emit("case_start", case=case, world_size=n)
-                F.cross_entropy(model(x[mine]), y[mine]).backward()
-                tracer.emit("backward_end", case=case)
-                found.after_backward.append(gradient_bytes(model, None))
-                wrapped.step()
-                tracer.emit("case_end", case=case)
-            found.from_ddp, found.from_summed = _largest_difference(model, averaged), _largest_difference(model, summed)
-        except BaseException as err:
-            found.error = short_error(err, options.script)
-            return report
-        finally:
-            hook.remove()
-    return report
-
 
 # --- LAMB ---------------------------------------------------------------------------------------
 
@@ -425,3 +316,4 @@ def checkpointing(rank: int, options: CheckpointTask, device: Any) -> Checkpoint
         for hook in hooks:
             hook.remove()
     return report
+

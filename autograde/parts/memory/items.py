@@ -1,13 +1,15 @@
-"""Part memory, memory and precision (notebooks 30-): ZeRO-2 by hand; LAMB beside part 6's LARS; fp16 loss scaling; activation checkpointing."""
+"""Part memory, memory and precision (notebooks 30-): ZeRO-2 and ZeRO-3 by hand; LAMB beside part 6's LARS; fp16 loss scaling; activation checkpointing."""
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
-from autograde.parts.memory import checks
+from autograde.parts.memory import checks, checks_zero
 
 PART_ID = "memory"
 ITEMS = [
     exercise("zero2", "ZeRO-2: gradients reduce-scattered during backward, a shard kept", 3, PART_ID, "30_zero_2",
-             "zero2.py", (checks.ZERO2_RUNS,), checks.check_zero2),
+             "zero2.py", (checks_zero.ZERO2_RUNS,), checks_zero.check_zero2),
+    exercise("zero3", "ZeRO-3 (FSDP) by hand: each unit gathered just before it runs, freed after", 3, PART_ID,
+             "34_zero_3", "zero3.py", (checks_zero.ZERO3_RUNS,), checks_zero.check_zero3),
     exercise("lamb", "LAMB: a trust ratio on Adam's update", 2, PART_ID, "31_lamb", "lamb.py", (checks.LAMB_RUNS,),
              checks.check_lamb),
     exercise("loss_scaling", "fp16 dynamic loss scaling: GradScaler's decisions by hand", 2, PART_ID,
@@ -15,5 +17,5 @@ ITEMS = [
     exercise("checkpointing", "activation checkpointing: with torch.utils.checkpoint, and by hand", 3, PART_ID,
              "33_checkpointing", "checkpointing.py", (checks.CHECKPOINT_RUNS,), checks.check_checkpointing),
 ]
-PART = Part(PART_ID, "Memory and precision: ZeRO-2 by hand, LAMB, loss scaling, activation checkpointing", "3[0-9]_*.ipynb",
+PART = Part(PART_ID, "Memory and precision: ZeRO-2 and ZeRO-3 by hand, LAMB, loss scaling, activation checkpointing", "3[0-9]_*.ipynb",
             "3[0-9]_*", (), tuple(ITEMS))

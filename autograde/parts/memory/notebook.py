@@ -1,7 +1,8 @@
 """What the notebooks of part memory (notebooks 30-) call: the learner's ZeRO-2 program run beside DDP (30);
 the learner's LAMB and AdamW at one large batch, on the same experiment as notebook 24's LARS (31); the
 learner's loss scaler beside torch.amp.GradScaler (32); the learner's checkpointed forwards weighed and
-timed (33); and the part's figures: the gradients each rank holds, DDP beside ZeRO-2. Every launch has a
+timed (33); the learner's ZeRO-3 beside DDP (34); and the part's figures: the gradients each rank holds, DDP
+beside ZeRO-2, and the parameters at rest, DDP beside ZeRO-3. Every launch has a
 time limit and leaves nothing running (runtime.run)."""
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from autograde.jupyter import runtime
 from autograde.jupyter.figures import finish
 
 ZERO2 = "exercises/zero2.py"
+ZERO3 = "exercises/zero3.py"
 LAMB = "exercises/lamb.py"
 LOSS_SCALING = "exercises/loss_scaling.py"
 CHECKPOINTING = "exercises/checkpointing.py"
@@ -34,6 +36,46 @@ def zero2(world_size: int = 2, bucket_size_mb: float = 0.25, script: str = ZERO2
                      "--bucket-size-mb", str(bucket_size_mb), "--json-file", str(out)], timeout=300)
         found: dict[str, Any] = json.loads(out.read_text())
     return found
+
+
+def zero3(world_size: int = 2, script: str = ZERO3) -> dict[str, Any]:
+    """Runs the ZeRO-3 program: its output, and what it wrote (each rank's parameters at rest and its outputs'
+    largest difference from DDP's)."""
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:
+        out = Path(folder) / "found.json"
+        runtime.run([sys.executable, runtime.course_file(script), "--world-size", str(world_size), "--json-file",
+                     str(out)], timeout=300)
+        found: dict[str, Any] = json.loads(out.read_text())
+    return found
+
+
+def parameters_at_rest(runs: dict[int, dict[str, Any]]) -> Figure:
+    """For each number of processes, the parameters each rank holds between steps under ZeRO-3 (its shards), as a
+    share of the model's (DDP: all of it), with the even share 1/N."""
+    sizes = sorted(runs)
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    x = 0.0
+    ticks: list[float] = []
+    labels: list[str] = []
+    for n in sizes:
+        whole = runs[n]["param_bytes"]
+        for rank in runs[n]["ranks"]:
+            ax.bar(x - 0.2, 100, 0.4, color="tab:grey", label="DDP" if not ticks else "_")
+            ax.bar(x + 0.2, 100 * rank["at_rest"] / whole, 0.4, color="tab:green", label="your Zero3" if not ticks else "_")
+            ax.hlines(100 / n, x - 0.45, x + 0.45, color="black", linestyle="--", linewidth=1,
+                      label="1/N" if not ticks else "_")
+            ticks.append(x)
+            labels.append(f"N={n}\nrank {rank['rank']}")
+            x += 1
+        x += 0.5
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.set_ylabel("% of the model's bytes")
+    ax.set_title("parameters held between steps, measured")
+    ax.set_ylim(0, 110)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return finish(fig)
 
 
 def gradients_held(runs: dict[int, dict[str, Any]]) -> Figure:

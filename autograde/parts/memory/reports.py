@@ -16,6 +16,10 @@ ZERO2_BUCKETS_MB = (1.0, 4 / 1024)
 ZERO2_STEPS = 3
 ZERO2_OPTIONS = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
 
+# ZeRO-3 (inprocess.py `zero3`): the processes and the steps (the optimizer is ZeRO-2's)
+ZERO3_WORLD_SIZES = (2, 3)
+ZERO3_STEPS = 3
+
 # LAMB (inprocess.py `lamb`): two param groups of other options, the steps tried
 LAMB_GROUPS = ({"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01},
                {"lr": 0.05, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.0})
@@ -40,6 +44,10 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # zero2: each step is case_start, the forward and backward passes, backward_end, the learner's step(),
     # case_end (core events): what the learner's code sent before backward_end was sent during backward
     "backward_end": ("case",),
+    # zero3: the harness's hooks, run after the learner's: a unit's forward about to run, and its backward (the
+    # gradient of its output has arrived); each with the bytes of parameters every unit holds then
+    "unit_forward": ("unit", "held"),
+    "unit_backward": ("unit", "held"),
 }
 
 
@@ -76,6 +84,7 @@ class Zero2Task(Task):
 
     bucket_sizes: list[float] = field(default_factory=list)
     on_cpu: ClassVar[bool] = True
+    runs_in: ClassVar[str] = "inprocess_zero"
 
 
 @dataclass
@@ -169,3 +178,26 @@ class CheckpointTask(Task):
     """The learner's checkpointed forwards against the plain one: gradients, bytes kept, blocks recomputed."""
 
     on_cpu: ClassVar[bool] = True
+
+
+@dataclass
+class Zero3Report:
+    """What one rank of a zero3 run found: each step's outputs against DDP's, and the parameters each unit held."""
+
+    world_size: int
+    rank: int
+    unit_bytes: list[int] = field(default_factory=list)   # each unit's whole parameters (units with parameters)
+    outputs: list[float] = field(default_factory=list)    # each step: largest |difference| of the output from DDP's
+    outputs_summed: list[float] = field(default_factory=list)  # ... from DDP's trained on the sum of the gradients
+    probe: float = float("inf")       # after the steps: the output on a new batch, against DDP's
+    at_rest: list[list[int]] = field(default_factory=list)  # after each step(): the bytes each unit's parameters held
+    gradient_bytes: list[int] = field(default_factory=list)  # held when each optimizer step began (as zero2's)
+    error: str | None = None
+
+
+@dataclass
+class Zero3Task(Task):
+    """The learner's Zero3 against DistributedDataParallel."""
+
+    on_cpu: ClassVar[bool] = True
+    runs_in: ClassVar[str] = "inprocess_zero"

@@ -162,11 +162,11 @@ class CallsReport:
 # wait() in the learner's code); the extra fields of init_process_group's are listed.
 COMMON = ("t", "pid", "rank", "ev", "line")
 EVENTS: dict[str, tuple[str, ...]] = {
-    # all_reduce's: its tensor's size, async or not; the other reducing calls' (REDUCING): what they reduce, the
+    # all_reduce's: its tensor's size and dtype ("float32", "bfloat16"), async or not; the other reducing calls' (REDUCING): what they reduce, the
     # whole input (a reduce-scatter's, not its output's); the gathering calls' (GATHERING): the whole output's size;
     # any collective given a group: the group's size;
     # init_process_group's: the rank it was given (`rank`, else None) and RANK in the environment
-    "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size", "env_rank"),
+    "enter": ("call", "backend", "world_size", "numel", "async_op", "group_size", "env_rank", "dtype"),
     # init_process_group's exit: env_rank is RANK in the environment, life how often torchrun restarted
     "exit": ("call", "rank_joined", "world_size", "backend", "env_rank", "life"),
     "set_device": ("device",),

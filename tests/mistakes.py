@@ -830,3 +830,24 @@ EXERCISE_MISTAKES += [
         "        for tensor in [*model.parameters(), *model.buffers()]:\n            dist.broadcast(tensor.data, src=0)\n",
         ""),), "the ranks did not start from rank 0's weights"),
 ]
+
+# bf16_training.py (notebook 35): fp32 master weights, and a bf16 all-reduce hook
+EXERCISE_MISTAKES += [
+    Mistake("bf16_masters_in_bf16", "bf16", (
+        ("        self.master = [p.detach().float().clone().requires_grad_() for p in self.params]\n",
+         "        self.master = [p.detach().clone().requires_grad_() for p in self.params]\n"),
+        ("master.grad = None if p.grad is None else p.grad.float()", "master.grad = p.grad")), "master weights kept in bf16"),
+    Mistake("bf16_masters_restarted_from_the_weights", "bf16", ((  # each step starts again from the rounded weights
+        "        for p, master in zip(self.params, self.master):\n            master.grad = None if p.grad is None else",
+        "        for p, master in zip(self.params, self.master):\n            master.data.copy_(p.data)\n"
+        "            master.grad = None if p.grad is None else"),), "from fp32 masters stepped with the same bf16 gradients"),
+    Mistake("bf16_hook_sums", "bf16", ((
+        "    compressed = bucket.buffer().to(torch.bfloat16).div_(group.size())\n",
+        "    compressed = bucket.buffer().to(torch.bfloat16)\n"),), "the sum over the processes, not their average"),
+    Mistake("bf16_hook_sends_fp32", "bf16", ((
+        "    compressed = bucket.buffer().to(torch.bfloat16).div_(group.size())\n",
+        "    compressed = bucket.buffer().clone().div_(group.size())\n"),), "nothing was rounded to bf16 on the way"),
+    Mistake("bf16_hook_returns_bf16", "bf16", ((
+        "    return future.then(decompress)\n", "    return future.then(lambda fut: fut.value()[0])\n"),),
+            "where the bucket is"),
+]

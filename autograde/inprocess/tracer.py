@@ -147,8 +147,9 @@ def _wrap_collective(module: Any, name: str) -> None:
         among = {"group_size": _group_size(module, group)} if group is not None else {}
         numel = _elements(name, args, kwargs) if name in REDUCING or name in GATHERING else None
         if numel is not None and name == "all_reduce":  # how much (a bucket's or a parameter's), and whether it waits
+            given = args[0] if args else kwargs.get("tensor")
             emit("enter", call=name, numel=numel, async_op=bool(kwargs.get("async_op", len(args) > 3 and args[3])),
-                 **among)
+                 dtype=str(getattr(given, "dtype", "")).removeprefix("torch."), **among)
         elif numel is not None:
             emit("enter", call=name, numel=numel, **among)
         else:

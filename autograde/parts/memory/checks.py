@@ -10,15 +10,24 @@ and the optimizer's state, for two settings.
 Activation checkpointing (exercises/checkpointing.py) is tried by inprocess.py `checkpointing`: both of the
 learner's forwards on 8 blocks, in 1, 2 and 3 runs, against the plain forward pass; the bytes autograd kept
 for backward, and the blocks computed again in backward.
+
+bf16 training (exercises/bf16_training.py) is tried by inprocess_bf16.py `bf16` on 2 processes: the learner's
+master weights against fp32 masters stepped here, and DDP's gradients with the learner's hook against fp32's,
+the sum's and torch's bf16_compress_hook's, the all-reduces the hook made traced with their dtype.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from autograde.engine.verdicts import rank_reports, require
 from autograde.engine.workspace import RunKind, Workspace
 from autograde.parts.memory.reports import (
+    BF16_STEPS,
     CHECKPOINT_BLOCKS,
     LAMB_STEPS,
     LOSS_SCALINGS,
+    Bf16Report,
+    Bf16Task,
     CheckpointReport,
     CheckpointTask,
     LambReport,
@@ -27,10 +36,12 @@ from autograde.parts.memory.reports import (
     ScalingStep,
     ScalingTask,
 )
+from autograde.protocol import ProcessTrace
 
 LAMB_RUNS = RunKind("lamb")
 LOSS_SCALING_RUNS = RunKind("loss_scaling")
 CHECKPOINT_RUNS = RunKind("checkpointing")
+BF16_RUNS = RunKind("bf16")
 TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
 LAMB_TOLERANCE = 1e-5  # relative to the largest entry: float32 against the float64 definition
 
@@ -187,3 +198,66 @@ def check_checkpointing(ws: Workspace) -> str:
             f"for backward (torch.utils.checkpoint {kept['run_checkpointed']}, by hand {kept['run_by_hand']}, the "
             f"plain forward {report.plain_bytes / 1024:.0f} KB) and computing each run again in backward")
 
+
+
+BF16_GAP = 2.0 ** -7  # bf16's relative spacing near 1: a bf16 average is this far from fp32's, at most about
+
+
+def check_bf16(ws: Workspace) -> str:
+    """MasterWeights on a bf16 model, 8 steps of SGD with momentum at a rate whose updates are mostly below bf16's
+    resolution: what the learner's optimizer steps is fp32, equals fp32 masters stepped alike to 1e-6, and the
+    model's bf16 weights are those masters rounded (to 1e-6). The hook, on 2 processes under DDP: the gradients
+    are the average over the processes, within bf16's rounding of fp32's (2^-7 of the largest), not fp32's
+    exactly; what its all-reduces sent was bf16 (traced). The verdict gives the error against fp32 and how far
+    the weights moved with masters and without."""
+    run = ws.called(BF16_RUNS, "2", "bf16 training on 2 processes", Bf16Task(world_sizes=[2]))
+    reports = rank_reports(run, Bf16Report, "the file must import, and its class and hook work as the TODOs' "
+                           "contract says")
+    for r in reports:
+        where = f"rank {r.rank}"
+        require(r.master_error is None, f"{where}, MasterWeights: {r.master_error}", "MasterWeights(model, "
+                "optimizer_cls, **kwargs) keeps fp32 copies and an optimizer over them; step() follows loss.backward()")
+        require(r.optimizer_dtypes, f"{where}: no optimizer of MasterWeights began a step", "step the fp32 copies with "
+                "optimizer_cls(...) in step()")
+        require(r.optimizer_dtypes == ["float32"], f"{where}: the optimizer stepped {', '.join(r.optimizer_dtypes)} "
+                "tensors: master weights kept in bf16 lose the small updates they are there to keep", "make the "
+                "copies float32 (p.detach().float().clone()), and step those")
+        require(r.masters <= TOLERANCE, f"{where}: after {BF16_STEPS} steps, the fp32 copies your optimizer stepped are "
+                f"{r.masters:.1e} from fp32 masters stepped with the same bf16 gradients", "give each copy the model's "
+                "gradient as fp32, step, and start the next step from the copies (never from the bf16 weights)")
+        require(r.weights <= TOLERANCE, f"{where}: after {BF16_STEPS} steps, the model's bf16 weights are {r.weights:.1e} "
+                "from the fp32 masters rounded to bf16", "after each step, copy every master into its bf16 parameter")
+        require(r.hook_error is None, f"{where}, the hook: {r.hook_error}", "bf16_allreduce_hook(process_group, bucket) "
+                "returns a torch.futures.Future whose value is the averaged bucket, in its own dtype")
+        require(not (r.from_sum <= BF16_GAP < r.from_fp32), f"{where}: the hooked gradients are the sum over the "
+                "processes, not their average", "divide by the process group's size")
+        require(r.from_fp32 > 0, f"{where}: the hooked gradients equal fp32's exactly: nothing was rounded to bf16 on "
+                "the way", "cast the bucket to torch.bfloat16 before the all-reduce")
+        require(r.from_fp32 <= BF16_GAP, f"{where}: the hooked gradients are {r.from_fp32:.1e} (of the largest) from "
+                f"DDP's in fp32, more than bf16's rounding ({BF16_GAP:.1e})", "average the bucket: cast it to bf16, "
+                "all-reduce, divide by the group's size, cast back to the bucket's dtype")
+    sent = [e for (n, rank), trace in run.by_group().items() for s in _cases(trace) for e in s
+            if e.get("call") == "all_reduce"]
+    require(sent, "the hook made no all_reduce that the trace saw", "all-reduce the compressed bucket with "
+            "torch.distributed.all_reduce")
+    wide = sorted({str(e.get("dtype")) for e in sent} - {"bfloat16"})
+    require(not wide, f"the hook's all-reduces sent {', '.join(wide)}, not bfloat16", "cast the bucket to "
+            "torch.bfloat16 before the all-reduce: that halves the bytes sent")
+    r = reports[0]
+    return (f"MasterWeights steps fp32 copies and rounds them into the bf16 model (the weights moved {r.moved:.3f} in "
+            f"all, {r.moved_pure:.3f} stepped in bf16 alone); the hook all-reduces in bf16, {r.from_fp32:.1e} of the "
+            "largest gradient from fp32's average")
+
+
+def _cases(trace: ProcessTrace) -> list[list[dict[str, Any]]]:
+    """The torch.distributed calls entered between each case_start and case_end."""
+    found: list[list[dict[str, Any]]] = []
+    inside = False
+    for e in trace.events:
+        if e["ev"] in ("case_start", "case_end"):
+            inside = e["ev"] == "case_start"
+            if inside:
+                found.append([])
+        elif inside and e["ev"] == "enter":
+            found[-1].append(e)
+    return found

@@ -1,4 +1,4 @@
-"""Part memory, memory and precision (notebooks 30-): ZeRO-2 and ZeRO-3 by hand; LAMB beside part 6's LARS; fp16 loss scaling; activation checkpointing."""
+"""Part memory, memory and precision (notebooks 30-): ZeRO-2 and ZeRO-3 by hand; LAMB beside part 6's LARS; fp16 loss scaling; activation checkpointing; bf16 master weights and a bf16 hook."""
 from __future__ import annotations
 
 from autograde.grading.items import Part, exercise
@@ -16,6 +16,8 @@ ITEMS = [
              "32_loss_scaling", "loss_scaling.py", (checks.LOSS_SCALING_RUNS,), checks.check_loss_scaling),
     exercise("checkpointing", "activation checkpointing: with torch.utils.checkpoint, and by hand", 3, PART_ID,
              "33_checkpointing", "checkpointing.py", (checks.CHECKPOINT_RUNS,), checks.check_checkpointing),
+    exercise("bf16", "bf16: fp32 master weights, and gradients all-reduced in bf16", 2, PART_ID, "35_bf16",
+             "bf16_training.py", (checks.BF16_RUNS,), checks.check_bf16),
 ]
-PART = Part(PART_ID, "Memory and precision: ZeRO-2 and ZeRO-3 by hand, LAMB, loss scaling, activation checkpointing", "3[0-9]_*.ipynb",
+PART = Part(PART_ID, "Memory and precision: ZeRO-2 and ZeRO-3 by hand, LAMB, loss scaling, checkpointing, bf16", "3[0-9]_*.ipynb",
             "3[0-9]_*", (), tuple(ITEMS))

@@ -1,7 +1,8 @@
 """What the notebooks of part memory (notebooks 30-) call: the learner's ZeRO-2 program run beside DDP (30);
 the learner's LAMB and AdamW at one large batch, on the same experiment as notebook 24's LARS (31); the
 learner's loss scaler beside torch.amp.GradScaler (32); the learner's checkpointed forwards weighed and
-timed (33); the learner's ZeRO-3 beside DDP (34); and the part's figures: the gradients each rank holds, DDP
+timed (33); the learner's ZeRO-3 beside DDP (34); the learner's bf16 master weights and hook (35); and the
+part's figures: the gradients each rank holds, DDP
 beside ZeRO-2, and the parameters at rest, DDP beside ZeRO-3. Every launch has a
 time limit and leaves nothing running (runtime.run)."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ ZERO3 = "exercises/zero3.py"
 LAMB = "exercises/lamb.py"
 LOSS_SCALING = "exercises/loss_scaling.py"
 CHECKPOINTING = "exercises/checkpointing.py"
+BF16 = "exercises/bf16_training.py"
 # The global rates at the large batch: AdamW's and LAMB's (a step of LAMB moves each layer by about lr x ||w||)
 ADAMW_LR, LAMB_LR = 0.004, 0.02
 
@@ -135,5 +137,11 @@ def loss_scaling(*args: str, script: str = LOSS_SCALING) -> str:
 
 def checkpointing(*args: str, script: str = CHECKPOINTING) -> str:
     """Runs the checkpointing program (the bytes a step keeps for backward and its time, plain and by runs); its
+    output."""
+    return runtime.run([sys.executable, runtime.course_file(script), *args], timeout=300)
+
+
+def bf16(*args: str, script: str = BF16) -> str:
+    """Runs the bf16 program (a bf16 model with and without master weights; the hook's error against fp32's); its
     output."""
     return runtime.run([sys.executable, runtime.course_file(script), *args], timeout=300)

@@ -39,6 +39,11 @@ CHECKPOINT_BLOCKS, CHECKPOINT_WIDTH, CHECKPOINT_BATCH = 8, 64, 32
 CHECKPOINT_SEGMENTS = (1, 2, 3)
 CHECKPOINT_FUNCTIONS = ("run_checkpointed", "run_by_hand")
 
+# bf16 (inprocess_bf16.py `bf16`): master weights, a small rate and momentum (most of its updates are below bf16's
+# resolution, so bf16 weights stepped in bf16 keep too little of them), the steps; the hook on 2 processes
+BF16_OPTIONS = {"lr": 1e-3, "momentum": 0.9}
+BF16_STEPS = 8
+
 # The events this part's in-process code adds to a trace, with their fields (protocol.EVENTS has the core's)
 EVENTS: dict[str, tuple[str, ...]] = {
     # zero2: each step is case_start, the forward and backward passes, backward_end, the learner's step(),
@@ -201,3 +206,31 @@ class Zero3Task(Task):
 
     on_cpu: ClassVar[bool] = True
     runs_in: ClassVar[str] = "inprocess_zero"
+
+
+@dataclass
+class Bf16Report:
+    """What one rank of a bf16 run found: the learner's master weights against the reference's, and DDP's
+    gradients with the learner's hook against fp32's and torch's bf16_compress_hook's."""
+
+    world_size: int
+    rank: int
+    master_error: str | None = None   # what MasterWeights raised
+    optimizer_dtypes: list[str] = field(default_factory=list)  # the dtypes of what the learner's optimizer stepped
+    masters: float = float("inf")     # largest |difference| of those tensors from the reference's fp32 masters
+    weights: float = float("inf")     # ... of the model's bf16 weights from the reference's
+    moved: float = 0.0                # how far the learner's bf16 weights moved in all (sum of |change|)
+    moved_pure: float = 0.0           # ... bf16 weights stepped in bf16, without masters
+    hook_error: str | None = None     # what the hook raised
+    from_fp32: float = float("inf")   # the hooked gradients' largest |difference| from fp32's, over the largest gradient
+    from_sum: float = float("inf")    # ... from the sum over the processes (fp32)
+    from_torch: float = float("inf")  # ... from those of torch's bf16_compress_hook
+    error: str | None = None
+
+
+@dataclass
+class Bf16Task(Task):
+    """The learner's MasterWeights and bf16 all-reduce hook."""
+
+    on_cpu: ClassVar[bool] = True
+    runs_in: ClassVar[str] = "inprocess_bf16"

@@ -27,8 +27,8 @@ class Zero3:
     """Wraps an nn.Sequential `model` whose children are its units: zero3(x) gives model(x); then loss.backward()
     and zero3.step()."""
 
-    def __init__(self, model, optimizer_cls, **kwargs):
-        self.model = model
+    def __init__(self, model, optimizer_cls, prefetch=False, **kwargs):
+        self.model, self.prefetch = model, prefetch
         # TODO zero3: every rank starts from rank 0's parameters. Each unit's parameters are cut into one shard per
         # rank, the same cut on every rank, and from here on, at rest, a rank holds its shards alone: every
         # parameter of the model holds no elements (a tensor of size 0). This rank keeps an
@@ -39,6 +39,8 @@ class Zero3:
         # TODO zero3: model(x). Each unit's whole parameters are there just before it runs (forward, and again
         # before its backward), and freed right after it has run (after its forward; after its backward, once its
         # gradients have been reduce-scattered: this rank receives the sum over the ranks of its own shard alone).
+        # TODO zero3_prefetch: with prefetch=True, each unit's gather for its forward begins before the unit before
+        # it runs its forward, so that it travels while that unit computes; it is complete before its own forward.
         return None  # your code
 
     def step(self):
@@ -87,7 +89,7 @@ def worker(rank, args):
         plain.step()
 
     model = make_model()
-    sharded = Zero3(model, torch.optim.SGD, **options)
+    sharded = Zero3(model, torch.optim.SGD, prefetch=args.prefetch, **options)
     peak, difference = 0, 0.0
     for (x, y), wanted in zip(batches, expected):
         out = sharded(x[mine])
@@ -127,6 +129,7 @@ def main():
     parser.add_argument("--world-size", type=positive_int, default=2, help="processes to start")
     parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--batch-size", type=positive_int, default=48, help="the global batch")
+    parser.add_argument("--prefetch", action="store_true", help="gather the next unit while this one runs")
     parser.add_argument("--json-file", help="also write each rank's bytes at rest and difference here")
     args = parser.parse_args()
     if args.batch_size % args.world_size:

@@ -27,8 +27,8 @@ class Zero3:
     """Wraps an nn.Sequential `model` whose children are its units: zero3(x) gives model(x); then loss.backward()
     and zero3.step()."""
 
-    def __init__(self, model, optimizer_cls, **kwargs):
-        self.model = model
+    def __init__(self, model, optimizer_cls, prefetch=False, **kwargs):
+        self.model, self.prefetch = model, prefetch
         # TODO zero3: every rank starts from rank 0's parameters. Each unit's parameters are cut into one shard per
         # rank, the same cut on every rank, and from here on, at rest, a rank holds its shards alone: every
         # parameter of the model holds no elements (a tensor of size 0). This rank keeps an
@@ -42,14 +42,14 @@ class Zero3:
             if not params:
                 continue  # a unit without parameters (an activation) has nothing to gather
             unit = {"module": module, "params": params, "shapes": [p.shape for p in params],
-                    "numel": sum(p.numel() for p in params), "ready": 0}
+                    "numel": sum(p.numel() for p in params), "ready": 0, "arriving": None, "index": len(self.units)}
             unit["length"] = -(-unit["numel"] // self.world_size)
             flat = torch.zeros(unit["length"] * self.world_size)
             flat[:unit["numel"]] = torch.cat([p.detach().reshape(-1) for p in params])
             unit["shard"] = nn.Parameter(flat[self.rank * unit["length"]:(self.rank + 1) * unit["length"]].clone())
             self.units.append(unit)
             self._free(unit)
-            module.register_forward_pre_hook(lambda m, inputs, unit=unit: self._gather(unit))
+            module.register_forward_pre_hook(lambda m, inputs, unit=unit: self._before_forward(unit))
             module.register_forward_hook(lambda m, inputs, out, unit=unit: self._after_forward(unit, out))
             for p in params:
                 if p.requires_grad:
@@ -60,15 +60,28 @@ class Zero3:
         # TODO zero3: model(x). Each unit's whole parameters are there just before it runs (forward, and again
         # before its backward), and freed right after it has run (after its forward; after its backward, once its
         # gradients have been reduce-scattered: this rank receives the sum over the ranks of its own shard alone).
+        # TODO zero3_prefetch: with prefetch=True, each unit's gather for its forward begins before the unit before
+        # it runs its forward, so that it travels while that unit computes; it is complete before its own forward.
         return self.model(x)
 
-    def _gather(self, unit):
+    def _before_forward(self, unit):
+        if unit["arriving"] is not None:  # prefetched while the unit before ran
+            unit["arriving"].wait()
+            unit["arriving"] = None
+        else:
+            self._gather(unit)
+        k = unit["index"]
+        if self.prefetch and k + 1 < len(self.units):
+            self.units[k + 1]["arriving"] = self._gather(self.units[k + 1], async_op=True)
+
+    def _gather(self, unit, async_op=False):
         whole = torch.empty(unit["length"] * self.world_size)
-        dist.all_gather_single(whole, unit["shard"].detach())
+        work = dist.all_gather_single(whole, unit["shard"].detach(), async_op=async_op)
         offset = 0
         for p, shape in zip(unit["params"], unit["shapes"]):
             p.data = whole[offset:offset + shape.numel()].view(shape)
             offset += shape.numel()
+        return work
 
     def _free(self, unit):
         for p in unit["params"]:
@@ -145,7 +158,7 @@ def worker(rank, args):
         plain.step()
 
     model = make_model()
-    sharded = Zero3(model, torch.optim.SGD, **options)
+    sharded = Zero3(model, torch.optim.SGD, prefetch=args.prefetch, **options)
     peak, difference = 0, 0.0
     for (x, y), wanted in zip(batches, expected):
         out = sharded(x[mine])
@@ -185,6 +198,7 @@ def main():
     parser.add_argument("--world-size", type=positive_int, default=2, help="processes to start")
     parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--batch-size", type=positive_int, default=48, help="the global batch")
+    parser.add_argument("--prefetch", action="store_true", help="gather the next unit while this one runs")
     parser.add_argument("--json-file", help="also write each rank's bytes at rest and difference here")
     args = parser.parse_args()
     if args.batch_size % args.world_size:

@@ -851,3 +851,18 @@ EXERCISE_MISTAKES += [
         "    return future.then(decompress)\n", "    return future.then(lambda fut: fut.value()[0])\n"),),
             "where the bucket is"),
 ]
+EXERCISE_MISTAKES += [
+    Mistake("zero3_prefetch_ignored", "zero3_prefetch", ((
+        "        if self.prefetch and k + 1 < len(self.units):\n", "        if False:\n"),), "its gather had not begun"),
+    Mistake("zero3_prefetch_the_unit_before", "zero3_prefetch", ((  # the wrong way: backward's order, in the forward
+        "        if self.prefetch and k + 1 < len(self.units):\n"
+        "            self.units[k + 1][\"arriving\"] = self._gather(self.units[k + 1], async_op=True)\n",
+        "        if self.prefetch and k >= 1:\n"
+        "            self.units[k - 1][\"arriving\"] = self._gather(self.units[k - 1], async_op=True)\n"),),
+            "had finished its forward already"),
+    Mistake("zero3_prefetch_gathers_the_unit_after_next", "zero3_prefetch", ((  # one unit too far ahead
+        "            self.units[k + 1][\"arriving\"] = self._gather(self.units[k + 1], async_op=True)\n",
+        "            self.units[k + 1][\"arriving\"] = self._gather(self.units[k + 1], async_op=True)\n"
+        "            if k + 2 < len(self.units):\n                self._gather(self.units[k + 2])\n"),),
+            "more than each unit twice"),
+]

@@ -239,17 +239,13 @@ def _judge_zero3_trace(run: Run, reports: list[Zero3Report]) -> tuple[dict[int, 
     return volumes, freed
 
 
-def check_zero3(ws: Workspace) -> str:
-    """Zero3 on 2 and 3 processes, four linear units and activations between them, SGD with momentum, each rank from
-    its own initial weights: each of 3 steps' outputs equals DistributedDataParallel's, and so does the output on a
-    new batch after them, to 1e-6; from hooks run after the learner's own, a unit's whole parameters are there when its
-    forward begins, and no unit that has finished its forward (or its backward) is whole two units later (a neighbour
-    may be, prefetched or not yet freed); after each step() every unit holds at most its shard; no gradient is all-reduced; a step gathers
-    each unit at most twice; when the optimizer steps, the gradients held are at most 1/N of the model's plus padding.
-    The verdict gives the volume a step moved against DDP's all-reduce."""
+def _zero3(ws: Workspace, prefetch: bool) -> tuple[list[Zero3Report], Run, dict[int, tuple[int, int]]]:
+    """The learner's Zero3 (with prefetch=True where `prefetch`) judged as check_zero3 says."""
     sizes = [str(n) for n in ZERO3_WORLD_SIZES]
-    run = ws.called(ZERO3_RUNS, "-".join(sizes), f"Zero3 on {' and '.join(sizes)} processes",
-                    Zero3Task(world_sizes=list(ZERO3_WORLD_SIZES)))
+    made = "Zero3(..., prefetch=True)" if prefetch else "Zero3"
+    run = ws.called(ZERO3_RUNS, "-".join(sizes) + ("-prefetch" if prefetch else ""),
+                    f"{made} on {' and '.join(sizes)} processes", Zero3Task(world_sizes=list(ZERO3_WORLD_SIZES),
+                                                                            prefetch=prefetch))
     if run.stalled or any(r.timed_out for r in run.results):
         run_ok(run, "every rank must gather and reduce-scatter the same units in the same order")
     reports = sorted((decode(Zero3Report, r) for r in (run.report or {}).get("ranks", [])),
@@ -261,8 +257,11 @@ def check_zero3(ws: Workspace) -> str:
         if r.error is not None and (r.world_size, r.rank) in freed:
             require(False, f"{where}: {freed[r.world_size, r.rank]}; then: {r.error}", "gather a unit's whole "
                     "parameters again before its backward (when the gradient of its output arrives)")
+        require(not (prefetch and r.error and "prefetch" in r.error), f"{where}: {r.error}", "take prefetch as a "
+                "keyword of Zero3's own, Zero3(model, optimizer_cls, prefetch=False, **kwargs), not one for the optimizer")
         require(r.error is None, f"{where}: {r.error}", "Zero3(model, optimizer_cls, **kwargs) must work on any "
-                "nn.Sequential (a unit without parameters has nothing to gather); zero3(x) gives model(x)")
+                "nn.Sequential (a unit without parameters has nothing to gather); zero3(x) gives model(x)" + (
+                    "; Zero3(..., prefetch=True) too" if prefetch else ""))
         for k, held in enumerate(r.at_rest):
             kept = [j for j, (h, f) in enumerate(zip(held, r.unit_bytes)) if h > f // 2]
             require(not kept, f"{where}: after step {k + 1}, unit{'s' if len(kept) > 1 else ''} {kept} still held "
@@ -274,15 +273,29 @@ def check_zero3(ws: Workspace) -> str:
                     "a reduce-scatter sums: divide each shard's gradient by the world size")
             require(d <= TOLERANCE, f"{where}: the output of step {k + 1} is {d:.1e} from DistributedDataParallel's (at "
                     f"most {TOLERANCE:g})" + (": the ranks did not start from rank 0's weights" if k == 0 else ""),
-                    "start every rank from rank 0's parameters; step each shard with the average of its gradients")
+                    "start every rank from rank 0's parameters; step each shard with the average of its gradients"
+                    + ("; wait for a prefetched gather before its unit runs" if prefetch else ""))
         require(r.probe <= TOLERANCE, f"{where}: after {ZERO3_STEPS} steps the output on a new batch is {r.probe:.1e} "
                 "from DistributedDataParallel's", "the last step's update must reach every shard")
         whole = sum(r.unit_bytes)
         limit = whole / r.world_size + max(max(r.unit_bytes), 16 * r.world_size * len(r.unit_bytes))
         grads_held = max(r.gradient_bytes, default=0)
         require(r.gradient_bytes, f"{where}: no optimizer began a step", "step the shards with optimizer_cls(...)")
-        require(grads_held <= limit, f"{where}: when the optimizer stepped, the rank held {grads_held / 1024:.1f} KB of gradients, "
-                f"{grads_held / whole:.0%} of the model's", "keep only this rank's shard of each unit's gradients")
+        require(grads_held <= limit, f"{where}: when the optimizer stepped, the rank held {grads_held / 1024:.1f} KB of "
+                f"gradients, {grads_held / whole:.0%} of the model's", "keep only this rank's shard of each unit's "
+                "gradients")
+    return reports, run, volumes
+
+
+def check_zero3(ws: Workspace) -> str:
+    """Zero3 on 2 and 3 processes, four linear units and activations between them, SGD with momentum, each rank from
+    its own initial weights: each of 3 steps' outputs equals DistributedDataParallel's, and so does the output on a
+    new batch after them, to 1e-6; from hooks run after the learner's own, a unit's whole parameters are there when its
+    forward begins, and no unit that has finished its forward (or its backward) is whole two units later (a neighbour
+    may be, prefetched or not yet freed); after each step() every unit holds at most its shard; no gradient is
+    all-reduced; a step gathers each unit at most twice; when the optimizer steps, the gradients held are at most 1/N
+    of the model's plus padding. The verdict gives the volume a step moved against DDP's all-reduce."""
+    reports, _, volumes = _zero3(ws, prefetch=False)
     n = max(volumes)
     gathered, reduced = volumes[n]
     model = sum(reports[-1].unit_bytes) // 4
@@ -292,3 +305,29 @@ def check_zero3(ws: Workspace) -> str:
             f"reduce-scattered {reduced} elements, {ratio:.2f} times DDP's all-reduce of {model} (a ring moves "
             f"(N - 1)/N of each)")
 
+
+def check_zero3_prefetch(ws: Workspace) -> str:
+    """Zero3(..., prefetch=True), held to check_zero3's contract, and: when each unit's forward begins (seen from the
+    harness's hook, after the learner's own), the step's gathers so far cover the next unit too: its gather began
+    before this unit ran (traced; where its result lands until it is waited for is the learner's)."""
+    reports, run, _ = _zero3(ws, prefetch=True)
+    full = {r.world_size: [b // 4 for b in r.unit_bytes] for r in reports}  # each unit's elements (fp32)
+    for (n, rank), trace in sorted(run.by_group().items()):
+        units = full.get(n, [])
+        gathered, forward = 0, False
+        for e in trace.events:
+            if e["ev"] == "case_start":
+                gathered, forward = 0, True
+            elif e["ev"] == "backward_end":
+                forward = False
+            elif forward and e["ev"] == "enter" and e.get("call") in GATHERING:
+                gathered += e.get("numel") or 0
+            elif forward and e["ev"] == "unit_forward" and int(e["unit"]) + 1 < len(units):
+                k = int(e["unit"])
+                require(gathered >= sum(units[:k + 2]), f"with {n} processes, rank {rank}: when unit {k}'s forward "
+                        f"began, the step's gathers so far had gathered {gathered} elements, not yet unit {k + 1}'s "
+                        f"(units 0 to {k + 1} hold {sum(units[:k + 2])}): its gather had not begun",
+                        "with prefetch=True, start the next unit's gather (async_op=True) just before a unit runs, and "
+                        "wait for it before the next unit's forward")
+    return ("Zero3(..., prefetch=True) gives DDP's outputs, and each unit's gather for its forward is under way while "
+            "the unit before it runs")

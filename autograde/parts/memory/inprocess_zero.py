@@ -9,7 +9,8 @@
   buffer), and the model's own gradients once backward() has returned. Each step is traced: case_start,
   backward_end once backward() has returned, case_end after the learner's step().
 - `zero3`: every rank trains the part's units with DDP (twice: the gradients averaged, and summed), then from
-  its own initial weights with the learner's `Zero3(model, torch.optim.SGD, **options)`; it reports each step's
+  its own initial weights with the learner's `Zero3(model, torch.optim.SGD, **options)` (prefetch=True too, where
+  the task says so); it reports each step's
   output against DDP's, the output on a new batch at the end, and the bytes of parameters each unit holds at
   rest after every step(), and (traced, from hooks run after the learner's) just before each unit's forward
   and just before its backward; and the gradients held when the optimizer steps, as zero2's.
@@ -194,7 +195,8 @@ def zero3(rank: int, options: Zero3Task, device: Any) -> Zero3Report:
     hook = register_optimizer_step_pre_hook(weigh)
     try:
         wrapper = getattr(learner_module(options.script), "Zero3")
-        wrapped = wrapper(model, torch.optim.SGD, **ZERO2_OPTIONS)
+        extra = {"prefetch": True} if options.prefetch else {}
+        wrapped = wrapper(model, torch.optim.SGD, **extra, **ZERO2_OPTIONS)
         def before_backward(k: int) -> Any:
             def observe(grad: Any) -> None:
                 tracer.emit("unit_backward", unit=k, held=_held(units))

@@ -10,6 +10,8 @@ ITEMS = [
              "zero2.py", (checks_zero.ZERO2_RUNS,), checks_zero.check_zero2),
     exercise("zero3", "ZeRO-3 (FSDP) by hand: each unit gathered just before it runs, freed after", 3, PART_ID,
              "34_zero_3", "zero3.py", (checks_zero.ZERO3_RUNS,), checks_zero.check_zero3),
+    exercise("zero3_prefetch", "ZeRO-3: the next unit's gather under way while a unit runs", 1, PART_ID, "34_zero_3",
+             "zero3.py", (checks_zero.ZERO3_RUNS,), checks_zero.check_zero3_prefetch),
     exercise("lamb", "LAMB: a trust ratio on Adam's update", 2, PART_ID, "31_lamb", "lamb.py", (checks.LAMB_RUNS,),
              checks.check_lamb),
     exercise("loss_scaling", "fp16 dynamic loss scaling: GradScaler's decisions by hand", 2, PART_ID,

@@ -202,8 +202,9 @@ class Zero3Report:
 
 @dataclass
 class Zero3Task(Task):
-    """The learner's Zero3 against DistributedDataParallel."""
+    """The learner's Zero3 against DistributedDataParallel (made with prefetch=True where `prefetch`)."""
 
+    prefetch: bool = False
     on_cpu: ClassVar[bool] = True
     runs_in: ClassVar[str] = "inprocess_zero"
 

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from autograde.inprocess.learner_file import learner_module, short_error
+from autograde.inprocess.optimizer_cases import gradients, parameter_kinds, relative
 from autograde.parts.memory.reports import (
     CHECKPOINT_BATCH,
     CHECKPOINT_BLOCKS,
@@ -45,28 +46,6 @@ from autograde.protocol import performs
 # --- LAMB ---------------------------------------------------------------------------------------
 
 TOLERANCE = 1e-5  # relative: float32 steps against float64 ones
-
-
-def _lamb_params() -> list[tuple[str, Any, int, bool]]:
-    """(what it stands for, its initial value, its param group, whether its gradient is zero)."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    return [("a linear layer's weight", torch.randn(8, 5, generator=generator), 0, False),
-            ("a linear layer's bias", torch.randn(8, generator=generator), 0, False),
-            ("a convolution's weight", torch.randn(4, 3, 3, 3, generator=generator), 0, False),
-            ("a norm layer's scale", torch.ones(4), 0, False),
-            ("a weight with a zero gradient", torch.randn(5, 5, generator=generator), 0, True),
-            ("a weight of zeros", torch.zeros(6, 4), 1, False),
-            ("a weight in the second param group", torch.randn(7, 3, generator=generator), 1, False)]
-
-
-def _lamb_grads(params: list[tuple[str, Any, int, bool]]) -> list[list[Any]]:
-    import torch
-
-    generator = torch.Generator().manual_seed(1)
-    return [[torch.zeros_like(p) if zero else 0.1 * torch.randn(p.shape, generator=generator)
-             for _, p, _, zero in params] for _ in range(LAMB_STEPS)]
 
 
 # What a LAMB step does to one parameter, and the known ways to get it wrong, each changing one rule
@@ -107,15 +86,6 @@ def lamb_reference(value: Any, grads: list[Any], options: dict[str, Any], varian
     return p
 
 
-def _relative(a: Any, b: Any, floor: float = 1.0) -> float:
-    """The largest |a - b|, relative to b's largest entry (or `floor`, if that is larger)."""
-    import torch
-
-    if a.shape != b.shape or not torch.isfinite(a).all():
-        return float("inf")
-    return float((a.double() - b.double()).abs().max()) / max(floor, float(b.double().abs().max()))
-
-
 @performs(LambTask)
 def lamb(rank: int, options: LambTask, device: Any) -> LambReport:
     import torch
@@ -126,9 +96,9 @@ def lamb(rank: int, options: LambTask, device: Any) -> LambReport:
     except BaseException as err:
         report.error = short_error(err, options.script)
         return report
-    params = _lamb_params()
+    params = parameter_kinds()
     tensors = [torch.nn.Parameter(p.clone()) for _, p, _, _ in params]
-    grads = _lamb_grads(params)
+    grads = gradients(params, LAMB_STEPS)
     try:
         optimizer = lamb_cls([{"params": [t for t, (_, _, g, _) in zip(tensors, params) if g == i], **LAMB_GROUPS[i]}
                               for i in range(len(LAMB_GROUPS))], lr=LAMB_GROUPS[0]["lr"])
@@ -142,10 +112,10 @@ def lamb(rank: int, options: LambTask, device: Any) -> LambReport:
     for k, ((name, value, group, _), t) in enumerate(zip(params, tensors)):
         mine = [g[k] for g in grads]
         found = LambParam(name, list(value.shape),
-                          _relative(t.detach(), lamb_reference(value, mine, LAMB_GROUPS[group])),
+                          relative(t.detach(), lamb_reference(value, mine, LAMB_GROUPS[group])),
                           moved=not torch.equal(t.detach(), value))
         if not found.difference <= TOLERANCE:
-            found.matches = next((v for v in LAMB_VARIANTS if v and _relative(
+            found.matches = next((v for v in LAMB_VARIANTS if v and relative(
                 t.detach(), lamb_reference(value, mine, LAMB_GROUPS[group], v)) <= TOLERANCE), None)
         report.params.append(found)
     return report

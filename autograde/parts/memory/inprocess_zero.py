@@ -60,19 +60,27 @@ def gradient_bytes(model: Any, optimizer: Any | None) -> int:
     return sum(buffers.values())
 
 
-def _reference(batches: list[tuple[Any, Any]], mine: slice, scale: float) -> list[Any]:
-    """DDP's weights after the steps, its loss scaled by `scale` (1: the average; N: the sum of the gradients)."""
+def _ddp(model: Any, batches: list[tuple[Any, Any]], mine: slice, scale: float) -> tuple[Any, list[Any]]:
+    """`model` under DDP after the steps, and its output at each step; its loss scaled by `scale` (1: the gradients
+    averaged; N: summed)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    model = DistributedDataParallel(zero2_model(0))
-    optimizer = torch.optim.SGD(model.parameters(), **ZERO2_OPTIONS)  # type: ignore[arg-type]
+    wrapped = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), **ZERO2_OPTIONS)  # type: ignore[arg-type]
+    outputs = []
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
-        (F.cross_entropy(model(x[mine]), y[mine]) * scale).backward()
+        out = wrapped(x[mine])
+        outputs.append(out.detach())
+        (F.cross_entropy(out, y[mine]) * scale).backward()
         optimizer.step()
-    return [p.detach().clone() for p in model.module.parameters()]
+    return wrapped.module, outputs
+
+
+def _weights(model: Any) -> list[Any]:
+    return [p.detach().clone() for p in model.parameters()]
 
 
 def _largest_difference(model: Any, wanted: list[Any]) -> float:
@@ -91,7 +99,7 @@ def zero2(rank: int, options: Zero2Task, device: Any) -> Zero2Report:
     batches = [(torch.randn(n * BATCH_PER_RANK, 16, generator=generator),
                 torch.randint(0, 16, (n * BATCH_PER_RANK,), generator=generator)) for _ in range(ZERO2_STEPS)]
     mine = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
-    averaged, summed = _reference(batches, mine, 1.0), _reference(batches, mine, float(n))
+    averaged, summed = (_weights(_ddp(zero2_model(0), batches, mine, scale)[0]) for scale in (1.0, float(n)))
     trainable = [p for p in zero2_model(0).parameters() if p.requires_grad]
     report.whole_bytes = sum(p.numel() * p.element_size() for p in trainable)
     report.largest_bytes = max(p.numel() * p.element_size() for p in trainable)
@@ -152,25 +160,6 @@ def _held(units: list[Any]) -> list[int]:
     return found
 
 
-def _ddp_outputs(batches: list[tuple[Any, Any]], mine: slice, scale: float, probe: Any) -> tuple[list[Any], Any]:
-    """DDP's output at each step (and on `probe` at the end), its loss scaled by `scale` (N: the sum of the gradients)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = DistributedDataParallel(zero3_model(0))
-    optimizer = torch.optim.SGD(model.parameters(), **ZERO2_OPTIONS)  # type: ignore[arg-type]
-    outputs = []
-    for x, y in batches:
-        optimizer.zero_grad(set_to_none=True)
-        out = model(x[mine])
-        outputs.append(out.detach())
-        (F.cross_entropy(out, y[mine]) * scale).backward()
-        optimizer.step()
-    with torch.no_grad():
-        return outputs, model.module(probe)
-
-
 @performs(Zero3Task)
 def zero3(rank: int, options: Zero3Task, device: Any) -> Zero3Report:
     import torch
@@ -184,7 +173,10 @@ def zero3(rank: int, options: Zero3Task, device: Any) -> Zero3Report:
                 torch.randint(0, 16, (n * BATCH_PER_RANK,), generator=generator)) for _ in range(ZERO3_STEPS)]
     probe = torch.randn(8, 16, generator=generator)
     mine = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
-    (averaged, probe_wanted), (summed, _) = _ddp_outputs(batches, mine, 1.0, probe), _ddp_outputs(batches, mine, n, probe)
+    reference, averaged = _ddp(zero3_model(0), batches, mine, 1.0)
+    summed = _ddp(zero3_model(0), batches, mine, float(n))[1]
+    with torch.no_grad():
+        probe_wanted = reference(probe)
     model = zero3_model(rank)  # each rank starts elsewhere: Zero3 must start every rank from rank 0's weights
     units = [m for m in model.children() if list(m.parameters())]
     report.unit_bytes = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in units]

@@ -29,26 +29,25 @@ BF16 = "exercises/bf16_training.py"
 ADAMW_LR, LAMB_LR = 0.004, 0.02
 
 
+def _json_run(script: str, *args: str) -> dict[str, Any]:
+    """Runs a course program with `args` and `--json-file`; returns what it wrote there."""
+    with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:
+        out = Path(folder) / "found.json"
+        runtime.run([sys.executable, runtime.course_file(script), *args, "--json-file", str(out)], timeout=300)
+        found: dict[str, Any] = json.loads(out.read_text())
+    return found
+
+
 def zero2(world_size: int = 2, bucket_size_mb: float = 0.25, script: str = ZERO2) -> dict[str, Any]:
     """Runs the ZeRO-2 program: its output, and what it wrote (each rank's gradients held at the step under
     DDP and under the learner's Zero2, and their weights' difference)."""
-    with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:
-        out = Path(folder) / "found.json"
-        runtime.run([sys.executable, runtime.course_file(script), "--world-size", str(world_size),
-                     "--bucket-size-mb", str(bucket_size_mb), "--json-file", str(out)], timeout=300)
-        found: dict[str, Any] = json.loads(out.read_text())
-    return found
+    return _json_run(script, "--world-size", str(world_size), "--bucket-size-mb", str(bucket_size_mb))
 
 
 def zero3(world_size: int = 2, script: str = ZERO3) -> dict[str, Any]:
     """Runs the ZeRO-3 program: its output, and what it wrote (each rank's parameters at rest and its outputs'
     largest difference from DDP's)."""
-    with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:
-        out = Path(folder) / "found.json"
-        runtime.run([sys.executable, runtime.course_file(script), "--world-size", str(world_size), "--json-file",
-                     str(out)], timeout=300)
-        found: dict[str, Any] = json.loads(out.read_text())
-    return found
+    return _json_run(script, "--world-size", str(world_size))
 
 
 def parameters_at_rest(runs: dict[int, dict[str, Any]]) -> Figure:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from autograde.inprocess import tracer
 from autograde.inprocess.learner_file import learner_module, short_error
+from autograde.inprocess.optimizer_cases import gradients, parameter_kinds, relative
 from autograde.parts.optimizers.reports import (
     KFAC_LAYERS,
     KfacCase,
@@ -40,28 +41,6 @@ LARS_GROUPS = ({"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "eta": 0.02},
                {"lr": 0.5, "momentum": 0.5, "weight_decay": 0.0, "eta": 0.005})
 LARS_STEPS = 3
 TOLERANCE = 1e-5  # relative: float32 steps against float64 ones
-
-
-def _lars_params() -> list[tuple[str, Any, int, bool]]:
-    """(what it stands for, its initial value, its param group, whether its gradient is zero)."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    return [("a linear layer's weight", torch.randn(8, 5, generator=generator), 0, False),
-            ("a linear layer's bias", torch.randn(8, generator=generator), 0, False),
-            ("a convolution's weight", torch.randn(4, 3, 3, 3, generator=generator), 0, False),
-            ("a norm layer's scale", torch.ones(4), 0, False),
-            ("a weight with a zero gradient", torch.randn(5, 5, generator=generator), 0, True),
-            ("a weight of zeros", torch.zeros(6, 4), 1, False),
-            ("a weight in the second param group", torch.randn(7, 3, generator=generator), 1, False)]
-
-
-def _lars_grads(params: list[tuple[str, Any, int, bool]]) -> list[list[Any]]:
-    import torch
-
-    generator = torch.Generator().manual_seed(1)
-    return [[torch.zeros_like(p) if zero else 0.1 * torch.randn(p.shape, generator=generator)
-             for _, p, _, zero in params] for _ in range(LARS_STEPS)]
 
 
 # What a LARS step does to one parameter, and the known ways to get it wrong, each changing one rule
@@ -97,15 +76,6 @@ def lars_reference(value: Any, grads: list[Any], options: dict[str, float], vari
     return p
 
 
-def _relative(a: Any, b: Any, floor: float = 1.0) -> float:
-    """The largest |a - b|, relative to b's largest entry (or `floor`, if that is larger)."""
-    import torch
-
-    if a.shape != b.shape or not torch.isfinite(a).all():
-        return float("inf")
-    return float((a.double() - b.double()).abs().max()) / max(floor, float(b.double().abs().max()))
-
-
 @performs(LarsTask)
 def lars(rank: int, options: LarsTask, device: Any) -> LarsReport:
     import torch
@@ -116,9 +86,9 @@ def lars(rank: int, options: LarsTask, device: Any) -> LarsReport:
     except BaseException as err:
         report.error = short_error(err, options.script)
         return report
-    params = _lars_params()
+    params = parameter_kinds()
     tensors = [torch.nn.Parameter(p.clone()) for _, p, _, _ in params]
-    grads = _lars_grads(params)
+    grads = gradients(params, LARS_STEPS)
     try:
         optimizer = lars_cls([{"params": [t for t, (_, _, g, _) in zip(tensors, params) if g == i], **LARS_GROUPS[i]}
                               for i in range(len(LARS_GROUPS))], lr=LARS_GROUPS[0]["lr"])
@@ -132,10 +102,10 @@ def lars(rank: int, options: LarsTask, device: Any) -> LarsReport:
     for k, ((name, value, group, _), t) in enumerate(zip(params, tensors)):
         mine = [g[k] for g in grads]
         found = LarsParam(name, list(value.shape),
-                          _relative(t.detach(), lars_reference(value, mine, LARS_GROUPS[group])),
+                          relative(t.detach(), lars_reference(value, mine, LARS_GROUPS[group])),
                           moved=not torch.equal(t.detach(), value))
         if not found.difference <= TOLERANCE:
-            found.matches = next((v for v in LARS_VARIANTS if v and _relative(
+            found.matches = next((v for v in LARS_VARIANTS if v and relative(
                 t.detach(), lars_reference(value, mine, LARS_GROUPS[group], v)) <= TOLERANCE), None)
         report.params.append(found)
     return report
@@ -351,7 +321,7 @@ def kfac(rank: int, options: KfacTask, device: Any) -> KfacReport:
         except BaseException as err:
             found.error = short_error(err, options.script)
             return report
-        found.differences = [[_relative(m, w, 1e-12) for m, w in zip(mine_step, wanted_step)]
+        found.differences = [[relative(m, w, 1e-12) for m, w in zip(mine_step, wanted_step)]
                              for mine_step, wanted_step in zip(got, wanted)]
         if _noncontiguous_broadcasts[0] > sent_before:  # the others' results tell whether it did harm
             found.matches = "noncontiguous_broadcast"
@@ -361,7 +331,7 @@ def kfac(rank: int, options: KfacTask, device: Any) -> KfacReport:
                 shares = [slice(k * rows, (k + 1) * rows) for k in range(n)] if variant == "local_factors" else [mine]
                 others = [kfac_reference(kfac_model(), batches, n, damping, decay, update_freq, variant, s)
                           for s in shares]
-                if all(any(all(_relative(step[k], other[s][k], 1e-12) <= VARIANT_TOLERANCE
+                if all(any(all(relative(step[k], other[s][k], 1e-12) <= VARIANT_TOLERANCE
                                for s, step in enumerate(got)) for other in others) for k in range(len(layers))):
                     found.matches = variant
                     break

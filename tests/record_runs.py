@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -147,13 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in chosen if n not in everything]
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)} (choose from {', '.join(everything)})")
+    made: dict[tuple[Path, tuple[str, ...]], Path] = {}  # each exercise file's recording, by the items it checks
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
             if name in files:
                 record(name, files[name], steps_after(name))
             elif name in exercises:
                 path, item = exercises[name]
-                record(name, path, same_file(item))
+                steps = same_file(item)
+                twin = made.get((path, tuple(steps)))
+                if twin is not None:  # the items of one file share its runs: recorded once, under each name
+                    shutil.copyfile(twin, OUT / f"{name}.json.gz")
+                    print(f"{name}: the runs of {twin.name}, the same file and items")
+                else:
+                    made[path, tuple(steps)] = record(name, path, steps)
             elif name in lab_written:
                 path, steps, procs, nodes = lab_written[name]
                 record(name, path, steps, procs, nodes)

@@ -91,7 +91,25 @@ def nbgrader(*args: str, log_level: str = "WARN", log: LogFilter | None = None, 
         proc.wait()
     if own_log and log.summary():
         print(log.summary())
+    unread = config_error(seen)
+    if unread is not None:  # nbgrader goes on with its defaults: another gradebook, in another folder
+        raise NbgraderFailed(f"nbgrader {args[0]} could not read the course's settings (autograde/course/"
+                             f"nbgrader_config.py): {unread}; nothing it did counts: mend that, then run it again",
+                             "".join(seen))
     if proc.returncode != 0:
         last = next((line.strip() for line in reversed(seen) if line.strip() and log.keep(line)), "(no output)")
         raise NbgraderFailed(f"nbgrader {args[0]} failed (exit status {proc.returncode}): {last}", "".join(seen))
     return "".join(seen)
+
+
+CONFIG_UNREAD = "Exception while loading config file"
+RAISED = re.compile(r"^\s*(\w+(?:Error|Exception)\b.*)$")
+
+
+def config_error(lines: list[str]) -> str | None:
+    """What made nbgrader fail to read its config file (the error its traceback ends with), where it did; else None."""
+    for k, line in enumerate(lines):
+        if CONFIG_UNREAD in line:
+            raised = (RAISED.match(later) for later in lines[k + 1:k + 40])
+            return next((m[1].strip() for m in raised if m), "an error in the file")
+    return None

@@ -10,9 +10,10 @@ options that tell runs of one kind apart: "pi/3" is the pi kind's run with 3 pro
   part's task (a protocol.Task) and reports what each rank found;
 - `once`: any other commands a check needs, made once like the others (the lab's own runs).
 
-A run whose processes neither produce trace events nor use the CPU for STALL_SECONDS is
-deadlocked: it is stopped there, rather than at the time limit, and every process's open call
-(the collective it was waiting in) is reported.
+A run whose processes neither produce trace events nor use the CPU for STALL_SECONDS, while one of them
+waits in a torch.distributed call, is deadlocked: it is stopped there, rather than at the time limit, and
+every process's open call (the collective it was waiting in) is reported. Where none waits in a call, the
+run is given QUIET_OUTSIDE_CALLS times as long first.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ from autograde.protocol import ProcessTrace, Task, encode_task, read_reports
 from autograde.protocol import read as read_traces
 
 CPU_PROGRESS = 0.5  # CPU seconds the processes must use, without a trace event, not to count as stalled
+# A quiet run where no process waits in a torch.distributed call is not deadlocked yet (every rank may have finished
+# and be leaving, slowly, on a starved machine): it counts as stalled after this many times STALL_SECONDS
+QUIET_OUTSIDE_CALLS = 2
 GPU_STALL_SECONDS = 30.0  # setting up CUDA and NCCL can be slow
 # The stand-in for Fashion-MNIST a "download" copies (settings.STAGING): 67 validation images, so
 # that at batch 16 every rank of 4 gets a full batch (drop_last), and shards need padding
@@ -260,7 +264,9 @@ class Workspace:
                 busy, cpu = busy + max(0.0, now_cpu - cpu), now_cpu
                 if busy > CPU_PROGRESS:
                     busy, last_change = 0.0, time.monotonic()
-            if size and time.monotonic() - last_change > stall_seconds:
+            quiet = time.monotonic() - last_change
+            if size and quiet > stall_seconds and (quiet > QUIET_OUTSIDE_CALLS * stall_seconds or (
+                    polls % 10 == 0 and any(t.waiting_in() is not None for t in read_traces(trace_dir).values()))):
                 stalled = True
                 break
         if stalled:

@@ -17,10 +17,9 @@ the sum's and torch's bf16_compress_hook's, the all-reduces the hook made traced
 """
 from __future__ import annotations
 
-from typing import Any
-
 from autograde.engine.verdicts import rank_reports, require
 from autograde.engine.workspace import RunKind, Workspace
+from autograde.parts.memory.checks_zero import steps_of
 from autograde.parts.memory.reports import (
     BF16_STEPS,
     CHECKPOINT_BLOCKS,
@@ -36,14 +35,13 @@ from autograde.parts.memory.reports import (
     ScalingStep,
     ScalingTask,
 )
-from autograde.protocol import ProcessTrace
 
 LAMB_RUNS = RunKind("lamb")
 LOSS_SCALING_RUNS = RunKind("loss_scaling")
 CHECKPOINT_RUNS = RunKind("checkpointing")
 BF16_RUNS = RunKind("bf16")
 TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
-LAMB_TOLERANCE = 1e-5  # relative to the largest entry: float32 against the float64 definition
+FLOAT32_TOLERANCE = 1e-5  # float32 steps against a float64 definition (LAMB), or against GradScaler's
 
 
 # What each known mistake is called in a verdict, and what to do about it
@@ -72,13 +70,13 @@ def check_lamb(ws: Workspace) -> str:
     require(any(p.moved for p in report.params), "LAMB.step() moved no parameter", "step() must move every "
             "parameter that has a gradient, in every param group")
     for p in report.params:
-        if p.difference <= LAMB_TOLERANCE:
+        if p.difference <= FLOAT32_TOLERANCE:
             continue
         said = f"after {LAMB_STEPS} steps, {p.name} (shape {tuple(p.shape)}) is {p.difference:.1e} from LAMB's update"
         if p.matches in LAMB_MISTAKES:
             mistake, fix = LAMB_MISTAKES[p.matches]
             require(False, f"{said}: {mistake}", fix)
-        require(False, f"{said} (at most {LAMB_TOLERANCE:g} of its size)" if p.difference != float("inf") else
+        require(False, f"{said} (at most {FLOAT32_TOLERANCE:g} of its size)" if p.difference != float("inf") else
                 f"after {LAMB_STEPS} steps, {p.name} (shape {tuple(p.shape)}) is not a finite number, or changed its "
                 "shape", "each parameter moves as notebook 31's update says, with its own param group's lr, betas, "
                 "eps and weight_decay")
@@ -122,11 +120,11 @@ def _judge_scaling_step(setting: int, s: ScalingStep, previous: ScalingStep | No
         require(False, f"{at}: your step left the weights as they were, where GradScaler took the step",
                 "call optimizer.step() once, when every gradient is finite")
     if not s.expected_stepped:
-        require(s.state_difference <= LAMB_TOLERANCE, f"{at}: the optimizer's momentum buffers are "
+        require(s.state_difference <= FLOAT32_TOLERANCE, f"{at}: the optimizer's momentum buffers are "
                 f"{s.state_difference:.1e} from those beside GradScaler, though the weights did not move: a skipped "
                 "step still changed the optimizer's state", "a skipped step leaves the optimizer untouched: no "
                 "optimizer.step() at all, whatever its rate or gradients")
-    require(s.difference <= LAMB_TOLERANCE and s.state_difference <= LAMB_TOLERANCE, f"{at}: the weights are "
+    require(s.difference <= FLOAT32_TOLERANCE and s.state_difference <= FLOAT32_TOLERANCE, f"{at}: the weights are "
             f"{s.difference:.1e} and the momentum buffers {s.state_difference:.1e} from those beside GradScaler",
             "divide every gradient by the scale the loss was multiplied by, before the optimizer steps")
 
@@ -199,7 +197,6 @@ def check_checkpointing(ws: Workspace) -> str:
             f"plain forward {report.plain_bytes / 1024:.0f} KB) and computing each run again in backward")
 
 
-
 BF16_GAP = 2.0 ** -7  # bf16's relative spacing near 1: a bf16 average is this far from fp32's, at most about
 
 
@@ -236,8 +233,7 @@ def check_bf16(ws: Workspace) -> str:
         require(r.from_fp32 <= BF16_GAP, f"{where}: the hooked gradients are {r.from_fp32:.1e} (of the largest) from "
                 f"DDP's in fp32, more than bf16's rounding ({BF16_GAP:.1e})", "average the bucket: cast it to bf16, "
                 "all-reduce, divide by the group's size, cast back to the bucket's dtype")
-    sent = [e for (n, rank), trace in run.by_group().items() for s in _cases(trace) for e in s
-            if e.get("call") == "all_reduce"]
+    sent = [e for trace in run.by_group().values() for step in steps_of(trace) for e in step.calls(("all_reduce",))]
     require(sent, "the hook made no all_reduce that the trace saw", "all-reduce the compressed bucket with "
             "torch.distributed.all_reduce")
     wide = sorted({str(e.get("dtype")) for e in sent} - {"bfloat16"})
@@ -247,17 +243,3 @@ def check_bf16(ws: Workspace) -> str:
     return (f"MasterWeights steps fp32 copies and rounds them into the bf16 model (the weights moved {r.moved:.3f} in "
             f"all, {r.moved_pure:.3f} stepped in bf16 alone); the hook all-reduces in bf16, {r.from_fp32:.1e} of the "
             "largest gradient from fp32's average")
-
-
-def _cases(trace: ProcessTrace) -> list[list[dict[str, Any]]]:
-    """The torch.distributed calls entered between each case_start and case_end."""
-    found: list[list[dict[str, Any]]] = []
-    inside = False
-    for e in trace.events:
-        if e["ev"] in ("case_start", "case_end"):
-            inside = e["ev"] == "case_start"
-            if inside:
-                found.append([])
-        elif inside and e["ev"] == "enter":
-            found[-1].append(e)
-    return found

@@ -38,24 +38,35 @@ TOLERANCE = 1e-6  # the same sums in another order differ by about 1e-7 here
 
 
 @dataclass
-class _Step:
+class Step:
+    """One step of a part-7 run, traced between the harness's case_start and case_end: the events before its
+    backward_end (the forward and backward passes; a step with no backward_end has all its events here), and after
+    it (the learner's step())."""
+
     case: int
-    during: list[dict[str, Any]] = field(default_factory=list)  # reducing calls begun before backward() returned
-    after: list[dict[str, Any]] = field(default_factory=list)   # ... in step()
+    during: list[dict[str, Any]] = field(default_factory=list)
+    after: list[dict[str, Any]] = field(default_factory=list)
+
+    def calls(self, names: tuple[str, ...], after: bool | None = None) -> list[dict[str, Any]]:
+        """The torch.distributed calls named `names` it entered: before backward_end (after=False), after it (True),
+        or in the whole step (None)."""
+        events = self.during if after is False else self.after if after else self.during + self.after
+        return [e for e in events if e["ev"] == "enter" and e.get("call") in names]
 
 
-def _steps(trace: ProcessTrace) -> list[_Step]:
-    steps: list[_Step] = []
+def steps_of(trace: ProcessTrace) -> list[Step]:
+    """A process's steps, in order."""
+    steps: list[Step] = []
     in_step = backward_done = False
     for e in trace.events:
         if e["ev"] == "case_start":
-            steps.append(_Step(int(e["case"])))
+            steps.append(Step(int(e["case"])))
             in_step, backward_done = True, False
         elif e["ev"] == "backward_end":
             backward_done = True
         elif e["ev"] == "case_end":
             in_step = False
-        elif in_step and e["ev"] == "enter" and e.get("call") in REDUCING:
+        elif in_step:
             (steps[-1].after if backward_done else steps[-1].during).append(e)
     return steps
 
@@ -97,9 +108,9 @@ def _judge_messages(run: Run, reports: list[Zero2Report]) -> dict[int, int]:
     counts: dict[int, int] = {}
     for (n, rank), trace in sorted(run.by_group().items()):
         where = f"with {n} processes, rank {rank}"
-        for k, step in enumerate(_steps(trace)):
+        for k, step in enumerate(steps_of(trace)):
             at = f"{where}, {_bucket(step.case)}, step {k % ZERO2_STEPS + 1}"
-            sent = step.during + step.after
+            sent, late = step.calls(REDUCING), step.calls(REDUCING, after=True)
             averaged = [e for e in sent if e.get("call") == "all_reduce" and (e.get("numel") or 0) > 1]
             require(not averaged, f"{at}: an all_reduce of {averaged[0].get('numel') if averaged else 0} elements: "
                     "every rank received whole gradients, as under DDP", "send each bucket so that each rank receives "
@@ -111,11 +122,11 @@ def _judge_messages(run: Run, reports: list[Zero2Report]) -> dict[int, int]:
             require(total >= whole[n], f"{at}: the calls that reduce gradients reduced {total} elements, where the "
                     f"model's trainable gradients hold {whole[n]}", "every trainable parameter's gradient must be in a "
                     "bucket, and every bucket sent in every step (the last, partly filled one too)")
-            require(not step.after, f"{at}: {len(step.after)} of the {len(gradients)} messages of gradients began in "
+            require(not late, f"{at}: {len(late)} of the {len(gradients)} messages of gradients began in "
                     "step(), after backward() had returned: nothing overlapped the backward pass there",
                     "send each bucket as soon as its last gradient is ready, from a hook on the parameters, while "
                     "backward() is still running")
-            counts[step.case] = len(step.during)
+            counts[step.case] = len(step.calls(REDUCING, after=False))
     small = ZERO2_BUCKETS_MB.index(min(ZERO2_BUCKETS_MB))
     require(counts.get(small, 0) > 1, f"with {_bucket(small)}, each step sent its gradients in {counts.get(small, 0)} "
             "message(s), where the model's 90 KB of gradients fill several buckets", "cut the gradients into buckets of "
@@ -183,17 +194,10 @@ def _units(held: list[int], full: list[int]) -> list[int]:
 
 def _moved_in_steps(trace: ProcessTrace) -> tuple[int, int]:
     """The elements a step's gathers gathered and its reduce-scatters (or reduces) reduced, on average."""
-    gathered = reduced = steps = 0
-    in_step = False
-    for e in trace.events:
-        if e["ev"] in ("case_start", "case_end"):
-            in_step = e["ev"] == "case_start"
-            steps += in_step
-        elif in_step and e["ev"] == "enter" and e.get("call") in GATHERING:
-            gathered += e.get("numel") or 0
-        elif in_step and e["ev"] == "enter" and e.get("call") in REDUCING and e.get("call") != "all_reduce":
-            reduced += e.get("numel") or 0
-    return gathered // max(1, steps), reduced // max(1, steps)
+    steps = steps_of(trace)
+    scattering = tuple(c for c in REDUCING if c != "all_reduce")
+    gathered, reduced = ([e.get("numel") or 0 for step in steps for e in step.calls(names)] for names in (GATHERING, scattering))
+    return sum(gathered) // max(1, len(steps)), sum(reduced) // max(1, len(steps))
 
 
 def _judge_zero3_trace(run: Run, reports: list[Zero3Report]) -> tuple[dict[int, tuple[int, int]], dict[tuple[int, int], str]]:
@@ -224,9 +228,8 @@ def _judge_zero3_trace(run: Run, reports: list[Zero3Report]) -> tuple[dict[int, 
                         f"{'its' if len(done) == 1 else 'their'} {doing} already" if done else ""),
                     "free a unit's parameters right after it has run: after its forward, and after its backward once "
                     "its gradients have left")
-        for step in _steps(trace):
-            sent = step.during + step.after
-            averaged = [e for e in sent if e.get("call") == "all_reduce" and (e.get("numel") or 0) > 1]
+        for step in steps_of(trace):
+            averaged = [e for e in step.calls(("all_reduce",)) if (e.get("numel") or 0) > 1]
             require(not averaged, f"{where}, step {step.case + 1}: an all_reduce of "
                     f"{averaged[0].get('numel') if averaged else 0} elements: every rank received whole gradients",
                     "reduce-scatter each unit's gradients, so that each rank receives the sum of its own shard alone")
@@ -314,15 +317,13 @@ def check_zero3_prefetch(ws: Workspace) -> str:
     full = {r.world_size: [b // 4 for b in r.unit_bytes] for r in reports}  # each unit's elements (fp32)
     for (n, rank), trace in sorted(run.by_group().items()):
         units = full.get(n, [])
-        gathered, forward = 0, False
-        for e in trace.events:
-            if e["ev"] == "case_start":
-                gathered, forward = 0, True
-            elif e["ev"] == "backward_end":
-                forward = False
-            elif forward and e["ev"] == "enter" and e.get("call") in GATHERING:
-                gathered += e.get("numel") or 0
-            elif forward and e["ev"] == "unit_forward" and int(e["unit"]) + 1 < len(units):
+        for step in steps_of(trace):
+            gathered = 0
+            for e in step.during:  # the forward and backward passes, in order
+                if e["ev"] == "enter" and e.get("call") in GATHERING:
+                    gathered += e.get("numel") or 0
+                if e["ev"] != "unit_forward" or int(e["unit"]) + 1 >= len(units):
+                    continue
                 k = int(e["unit"])
                 require(gathered >= sum(units[:k + 2]), f"with {n} processes, rank {rank}: when unit {k}'s forward "
                         f"began, the step's gathers so far had gathered {gathered} elements, not yet unit {k + 1}'s "

@@ -866,3 +866,67 @@ EXERCISE_MISTAKES += [
         "            if k + 2 < len(self.units):\n                self._gather(self.units[k + 2])\n"),),
             "more than each unit twice"),
 ]
+
+# kfac_conv.py (notebook 38): K-FAC's factors for convolutions
+EXERCISE_MISTAKES += [
+    Mistake("kfac_conv_positions_averaged_twice", "kfac_conv", ((  # rows of examples x positions, as a linear layer's
+        "    return a.t() @ a / len(a), g.t() @ g / len(g) * positions\n",
+        "    return a.t() @ a / len(a), g.t() @ g / len(g)\n"),), "the output positions were averaged in both factors"),
+    Mistake("kfac_conv_no_spatial_average", "kfac_conv", ((  # the positions summed: a mean over examples only
+        "    return a.t() @ a / len(a), g.t() @ g / len(g) * positions\n",
+        "    return a.t() @ a / batch, g.t() @ g / batch\n"),), "summed in both factors (no spatial average)"),
+    Mistake("kfac_conv_mean_loss_gradient", "kfac_conv", ((
+        "    g = g * batch  # the loss is a mean: this is each example's own gradient\n", ""),),
+            "not of each example's"),
+    Mistake("kfac_conv_padding_ignored", "kfac_conv", ((
+        "        a = F.unfold(inputs, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)\n",
+        "        a = F.unfold(inputs, layer.kernel_size, dilation=layer.dilation, stride=layer.stride)\n"),),
+            "Conv2d(3, 4, 3, padding=1): A kron G is"),
+    Mistake("kfac_conv_damping_on_each_factor", "kfac_conv", ((
+        "    v /= values_g.clamp(min=0)[:, None] * values_a.clamp(min=0)[None, :] + damping\n",
+        "    v /= (values_g.clamp(min=0)[:, None] + damping**0.5) * (values_a.clamp(min=0)[None, :] + damping**0.5)\n"),),
+            "the damping was added to each factor"),
+]
+
+# accumulation.py (notebook 37): gradient accumulation in the learner's bucketed DDP
+EXERCISE_MISTAKES += [
+    Mistake("accumulation_every_micro_step", "accumulation", ((  # no no_sync(): every backward sends its buckets
+        "        with contextlib.nullcontext() if last else model.no_sync():\n",
+        "        with contextlib.nullcontext():\n"),), "began before the last micro-batch's forward pass"),
+    Mistake("accumulation_no_sync_ignored", "accumulation", ((  # the flag is set, and nothing reads it
+        "        if not self.sync:  # inside no_sync(): the gradient stays here, added to the next ones\n            return\n",
+        ""),), "all-reduces began before the last micro-batch's forward pass (during micro-batch 1 of 4)"),
+    Mistake("accumulation_loss_not_divided", "accumulation", ((
+        "            (F.cross_entropy(model(inputs), labels) / k).backward()\n",
+        "            F.cross_entropy(model(inputs), labels).backward()\n"),), "the step was k times too large"),
+    Mistake("accumulation_zeroed_each_micro_step", "accumulation", ((
+        "    optimizer.zero_grad(set_to_none=True)\n    k = len(micro_batches)\n    for i, (inputs, labels) in enumerate(micro_batches):\n",
+        "    k = len(micro_batches)\n    for i, (inputs, labels) in enumerate(micro_batches):\n        optimizer.zero_grad(set_to_none=True)\n"),),
+            "only the last micro-batch's gradient was left"),
+    Mistake("accumulation_processes_summed", "accumulation", ((
+        "            flat /= world_size\n", ""),), "summed over the processes, not averaged"),
+]
+
+# memory_budget.py (notebook 36): bytes per rank, predicted
+EXERCISE_MISTAKES += [
+    Mistake("memory_budget_elements_not_bytes", "memory_budget", ((
+        "    size = 4  # bytes of a float32\n", "    size = 1\n"),), "these look like numbers of float32 elements, not bytes"),
+    Mistake("memory_budget_one_adam_average", "memory_budget", ((
+        "        \"optimizer_state\": size * 2 * (shard if stage >= 1 else elements),\n",
+        "        \"optimizer_state\": size * (shard if stage >= 1 else elements),\n"),), "one running average was counted"),
+    Mistake("memory_budget_gradients_sharded_at_stage_1", "memory_budget", ((
+        "        \"gradients\": size * (shard if stage >= 2 else elements),\n",
+        "        \"gradients\": size * (shard if stage >= 1 else elements),\n"),),
+            "a shard was counted, where stage 1 does not shard the gradients"),
+    Mistake("memory_budget_parameters_sharded_at_stage_2", "memory_budget", ((
+        "        \"parameters\": size * (shard if stage >= 3 else elements),\n",
+        "        \"parameters\": size * (shard if stage >= 2 else elements),\n"),),
+            "a shard was counted, where stage 2 does not shard the parameters"),
+    Mistake("memory_budget_every_output_kept", "memory_budget", ((  # each layer's output counted, the input not
+        "    kept = sum(layer.in_features for layer in model if isinstance(layer, nn.Linear))\n",
+        "    kept = sum(layer.out_features for layer in model if isinstance(layer, nn.Linear)) * 2\n"),),
+            "the activations, predicted"),
+    Mistake("memory_budget_shards_not_divided", "memory_budget", ((
+        "    shard = math.ceil(elements / world_size)  # a flat vector split evenly, the last rank's share padded\n",
+        "    shard = elements\n"),), "the whole was counted, where Adam's state is sharded at stage 1"),
+]

@@ -12,8 +12,8 @@ learner's forwards on 8 blocks, in 1, 2 and 3 runs, against the plain forward pa
 for backward, and the blocks computed again in backward.
 
 bf16 training (exercises/bf16_training.py) is tried by inprocess_bf16.py `bf16` on 2 processes: the learner's
-master weights against fp32 masters stepped here, and DDP's gradients with the learner's hook against fp32's,
-the sum's and torch's bf16_compress_hook's, the all-reduces the hook made traced with their dtype.
+master weights against fp32 masters stepped here, and DDP's gradients with the learner's hook against fp32's
+and the sum's, the all-reduces the hook made traced with their dtype.
 """
 from __future__ import annotations
 

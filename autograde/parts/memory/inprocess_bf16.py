@@ -5,7 +5,7 @@
 against bf16 weights stepped in bf16; the dtypes of what the learner's optimizer steps (the global optimizer
 pre-hook sees it), its values and the bf16 weights against the reference's. (2) DDP with the learner's
 communication hook, one backward on each rank's share, traced between case_start and case_end: its gradients
-against DDP's own (fp32), against the sum, and against torch's bf16_compress_hook's.
+against DDP's own (fp32) and against the sum.
 """
 from __future__ import annotations
 
@@ -123,16 +123,13 @@ def _what(value: Any) -> str:
 def _hook(report: Bf16Report, module: Any, rank: int, n: int) -> None:
     import torch
     import torch.nn.functional as F
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     (x, y), *_ = _batches()
     grads = {}
-    for name in ("plain", "summed", "torch", "learner"):
+    for name in ("plain", "summed", "learner"):
         model = DistributedDataParallel(_model(torch.float32))
-        if name == "torch":
-            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
-        elif name == "learner":
+        if name == "learner":
             try:
                 model.register_comm_hook(None, _guarded(getattr(module, "bf16_allreduce_hook")))
             except BaseException as err:
@@ -152,7 +149,7 @@ def _hook(report: Bf16Report, module: Any, rank: int, n: int) -> None:
                 tracer.emit("case_end", case=0)
         grads[name] = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     largest = max(float(g.abs().max()) for g in grads["plain"])
-    for field_name, other in (("from_fp32", "plain"), ("from_sum", "summed"), ("from_torch", "torch")):
+    for field_name, other in (("from_fp32", "plain"), ("from_sum", "summed")):
         if all(a.shape == b.shape for a, b in zip(grads["learner"], grads[other])):
             setattr(report, field_name, _largest(grads["learner"], grads[other]) / largest)
 

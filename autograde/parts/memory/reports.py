@@ -53,6 +53,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # gradient of its output has arrived); each with the bytes of parameters every unit holds then
     "unit_forward": ("unit", "held"),
     "unit_backward": ("unit", "held"),
+    # accumulation: the harness's hook, as each forward pass of a micro-batch begins
+    "micro_forward": ("case",),
 }
 
 
@@ -212,7 +214,7 @@ class Zero3Task(Task):
 @dataclass
 class Bf16Report:
     """What one rank of a bf16 run found: the learner's master weights against the reference's, and DDP's
-    gradients with the learner's hook against fp32's and torch's bf16_compress_hook's."""
+    gradients with the learner's hook against fp32's and the sum's."""
 
     world_size: int
     rank: int
@@ -225,7 +227,6 @@ class Bf16Report:
     hook_error: str | None = None     # what the hook raised
     from_fp32: float = float("inf")   # the hooked gradients' largest |difference| from fp32's, over the largest gradient
     from_sum: float = float("inf")    # ... from the sum over the processes (fp32)
-    from_torch: float = float("inf")  # ... from those of torch's bf16_compress_hook
     error: str | None = None
 
 
@@ -235,3 +236,141 @@ class Bf16Task(Task):
 
     on_cpu: ClassVar[bool] = True
     runs_in: ClassVar[str] = "inprocess_bf16"
+
+
+# K-FAC for convolutions (inprocess_kfac.py `kfac_conv`): the layers of the small net tried, each as (what it is
+# called in a verdict, its kind and arguments); its input's batch and side; the damping, as a share of the mean
+# eigenvalue of each layer's A kron G (a preconditioner well conditioned enough for float32 to be judged to 1e-4)
+KFAC_CONV_LAYERS: tuple[tuple[str, str, dict[str, object]], ...] = (
+    ("Conv2d(3, 4, 3, padding=1)", "conv", {"in_channels": 3, "out_channels": 4, "kernel_size": 3, "padding": 1}),
+    ("Conv2d(4, 5, (3, 2), stride=2, bias=False)", "conv",
+     {"in_channels": 4, "out_channels": 5, "kernel_size": (3, 2), "stride": 2, "bias": False}),
+    ("Conv2d(5, 6, 1)", "conv", {"in_channels": 5, "out_channels": 6, "kernel_size": 1}),
+    ("Linear(54, 3)", "linear", {"in_features": 54, "out_features": 3}),
+)
+KFAC_CONV_BATCH, KFAC_CONV_CHANNELS, KFAC_CONV_SIDE, KFAC_CONV_CLASSES = 6, 3, 7, 3  # the input's, the last layer's
+KFAC_CONV_DAMPING = 0.1
+
+
+@dataclass
+class KfacLayerCase:
+    """One layer of the small net: the learner's factors against the Fisher's Kronecker approximation, and the
+    learner's preconditioning against a dense damped inverse."""
+
+    name: str                          # the layer, as KFAC_CONV_LAYERS calls it
+    positions: int                     # the output positions its kernel visited (1 for a linear layer)
+    columns: int                       # A's side: the inputs one output multiplies, the bias's 1 included
+    rows: int                          # G's side: the output channels or features
+    a_shape: list[int] = field(default_factory=list)   # the learner's A
+    g_shape: list[int] = field(default_factory=list)   # ... and G
+    factors_error: str | None = None   # what kfac_factors raised, or what it returned instead of two tensors
+    product: float = float("inf")      # |A kron G - the reference's|, largest, over the reference's largest
+    ratio: float = 0.0                 # the learner's product over the reference's, where it is a multiple of it
+    precondition_error: str | None = None
+    preconditioned: float = float("inf")  # the preconditioned gradient against the dense solve, as `product`
+    matches: str | None = None         # the known mistake the preconditioned gradient matches, if it differs
+    bias_untouched: bool = False       # the bias's gradient left as it was (a layer with a bias)
+    shapes_kept: bool = True           # weight.grad and bias.grad kept their shapes
+
+
+@dataclass
+class KfacConvReport:
+    world_size: int
+    rank: int
+    batch: int = 0
+    layers: list[KfacLayerCase] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class KfacConvTask(Task):
+    """The learner's kfac_factors and precondition on the layers of a small convolutional net."""
+
+    on_cpu: ClassVar[bool] = True
+    runs_in: ClassVar[str] = "inprocess_kfac"
+
+
+# Gradient accumulation (inprocess_accumulation.py `accumulation`): the processes, the micro-steps tried (1: the
+# learner's class without no_sync, for its own count of buckets), the steps, each rank's share of a batch, the
+# model's width, the buckets (20 KB: the model's 102 KB of gradients in 4 buckets by part 5's rule), the optimizer
+ACCUMULATION_WORLD_SIZE = 2
+ACCUMULATION_MICRO_STEPS = (1, 4)
+ACCUMULATION_STEPS = 3
+ACCUMULATION_SHARE, ACCUMULATION_HIDDEN = 32, 128
+ACCUMULATION_BUCKET_MB = 20 / 1024
+ACCUMULATION_OPTIONS = {"lr": 0.1, "momentum": 0.9}
+# The weights of known mistakes, each trained alike by DDP: what each one's gradient was, by name
+ACCUMULATION_VARIANTS = ("summed", "processes_summed", "last_divided", "last")
+
+
+@dataclass
+class AccumulationCase:
+    """One step of the learner's train_step with k micro-batches, against DDP's one step on the whole batch."""
+
+    micro_steps: int
+    step: int                          # counted from 1
+    case: int                          # its case_start in the trace
+    moved: bool = False                # the step changed a weight
+    from_whole: float = float("inf")   # largest |difference| of a weight from DDP's after as many steps
+    matches: str | None = None         # the variant of ACCUMULATION_VARIANTS the weights equal, where they differ
+    error: str | None = None
+
+
+@dataclass
+class AccumulationReport:
+    world_size: int
+    rank: int
+    elements: int = 0                  # the model's trainable elements: each is sent once a step
+    tensors: int = 0
+    cases: list[AccumulationCase] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class AccumulationTask(Task):
+    """The learner's BucketedDDP and train_step with 1 and with k micro-batches, against DDP on the whole batch."""
+
+    on_cpu: ClassVar[bool] = True
+    runs_in: ClassVar[str] = "inprocess_accumulation"
+
+
+
+# Where memory goes (inprocess_budget.py `memory_budget`): the models measured, each as (what a verdict calls it,
+# the widths of its nn.Linear layers, whether they have biases, the examples per rank); the processes; the
+# stages; how close a prediction must come to the measured bytes
+BUDGET_MODELS: tuple[tuple[str, tuple[int, ...], bool, int], ...] = (
+    ("Linear(784, 256), ReLU, Linear(256, 256), ReLU, Linear(256, 10)", (784, 256, 256, 10), True, 64),
+    ("Linear(32, 512, bias=False), ReLU, Linear(512, 8, bias=False)", (32, 512, 8), False, 16),
+)
+BUDGET_WORLD_SIZES = (2, 3)
+BUDGET_STAGES = (0, 1, 2, 3)
+BUDGET_QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations")
+BUDGET_TOLERANCE = 0.01
+
+
+@dataclass
+class BudgetCase:
+    """One model at one stage on one rank: the bytes measured, and the learner's prediction."""
+
+    model: int                         # its index in BUDGET_MODELS
+    stage: int
+    measured: dict[str, int] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
+    error: str | None = None           # what bytes_per_rank raised, or what it returned instead of a dict of numbers
+
+
+@dataclass
+class BudgetReport:
+    world_size: int
+    rank: int
+    elements: list[int] = field(default_factory=list)  # each model's parameters
+    cases: list[BudgetCase] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class BudgetTask(Task):
+    """Each stage run on each model, its bytes per rank weighed, beside the learner's bytes_per_rank."""
+
+    on_cpu: ClassVar[bool] = True
+    runs_in: ClassVar[str] = "inprocess_budget"

@@ -14,6 +14,10 @@ NOT_VERDICT_CODE = ("course/**/*.py", "tools/**/*.py", "jupyter/**/*.py", "parts
 # and each part's. A recorded run was made by it; a replay cannot show what a change to it does,
 # only a new run can.
 LEARNER_SIDE_CODE = ("inprocess/**/*.py", "parts/*/inprocess*.py")
+# ... of it, what a part's tasks run: the core's, and the part's own in-process files and settings (its reports.py
+# holds the tasks and the constants its in-process files read). A part's runs depend on no other part's.
+CORE_LEARNER_SIDE = ("inprocess/**/*.py",)
+PART_LEARNER_SIDE = ("parts/{part}/inprocess*.py", "parts/{part}/reports.py")
 # ... less how a process starts: cold, or forked warm from a server that has imported torch. Both
 # trace the same events (tests/core/test_warm_start.py compares them, event by event), so that a
 # recording made cold stands for a run made warm, and the other way round.
@@ -34,3 +38,17 @@ def digest(patterns: tuple[str, ...], leave_out: tuple[str, ...] = ()) -> str:
 def learner_side_version() -> str:
     """A digest of the code inside the learner's processes, kept with every recording of runs."""
     return digest(LEARNER_SIDE_CODE, STARTING_CODE)
+
+
+@lru_cache(maxsize=None)
+def part_learner_side_version(part: str) -> str:
+    """A digest of the code inside the learner's processes when they run `part`'s tasks (the core's and the part's
+    own), kept with every recording by part: a change to one part's in-process code leaves the other parts'
+    recordings standing."""
+    return digest(CORE_LEARNER_SIDE + tuple(p.format(part=part) for p in PART_LEARNER_SIDE), STARTING_CODE)
+
+
+def parts_learner_side() -> dict[str, str]:
+    """`part_learner_side_version` of every part of the package (each folder of parts/)."""
+    return {folder.name: part_learner_side_version(folder.name) for folder in sorted((PACKAGE / "parts").iterdir())
+            if (folder / "__init__.py").is_file()}

@@ -120,7 +120,8 @@ class Workspace:
                 for key, run in self.made().items()}
         record = {"script": self.script.read_text(), "procs_per_node": self.procs_per_node, "nodes": self.nodes,
                   "gpus": self.gpus, "runs": runs,
-                  "learner_side": code.learner_side_version()}  # the in-process code that made the runs
+                  "learner_side": code.learner_side_version(),  # the in-process code that made the runs
+                  "learner_side_parts": code.parts_learner_side()}  # ... each part's share of it
         path.write_bytes(gzip.compress(json.dumps(record, sort_keys=True).encode(), mtime=0))
 
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from typing import Any
 
 import pytest
 from record_runs import (
@@ -141,12 +142,25 @@ def test_the_recordings_on_disk_are_exactly_those_the_recorder_makes() -> None:
     assert not stale, f"recordings of nothing the recorder makes (delete them): {stale}"
 
 
+def _parts_run(record: dict[str, Any]) -> set[str]:
+    """The parts whose tasks made a recording's runs (a run is kept under its kind's name, `pi/3`)."""
+    kinds = {key.split("/")[0] for key in record["runs"]}
+    return {i.part for i in registry.ITEMS for kind in i.reads if kind.name in kinds}
+
+
 def test_every_recording_was_made_by_todays_code_inside_the_learners_processes() -> None:
     """A replay reads runs as they were made: after a change to how the learner's processes start or
-    what they trace (autograde/inprocess/, a part's inprocess*.py), only new runs of the whole corpus show what the
-    change does to a correct file or a mistake (see docs/testing.md)."""
-    today = code.learner_side_version()
-    stale = sorted(p.name.removesuffix(".json.gz") for p in OUT.glob("*.json.gz")
-                   if json.loads(gzip.decompress(p.read_bytes())).get("learner_side") != today)
+    what they trace (autograde/inprocess/, a part's inprocess*.py and reports.py), only new runs show what the
+    change does to a correct file or a mistake (see docs/testing.md). A recording made part by part is stale when
+    the core's or its own part's in-process code changed; an older one, when any in-process code did."""
+    today, by_part = code.learner_side_version(), code.parts_learner_side()
+    stale = []
+    for path in sorted(OUT.glob("*.json.gz")):
+        record = json.loads(gzip.decompress(path.read_bytes()))
+        made = record.get("learner_side_parts")
+        if (made is None and record.get("learner_side") != today) or (
+                made is not None and any(made.get(part) != by_part[part] for part in _parts_run(record))):
+            stale.append(path.name.removesuffix(".json.gz"))
     assert not stale, (f"{len(stale)} of the recordings were made before the code inside the learner's processes last changed "
-                       f"(the first: {', '.join(stale[:5])}): record them all again, for real: {COMMAND}")
+                       f"(the first: {', '.join(stale[:5])}): record them again, for real: {COMMAND}"
+                       + (f" {' '.join(stale)}" if len(stale) <= 30 else ""))

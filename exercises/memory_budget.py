@@ -15,7 +15,7 @@ import json
 
 import torch.nn as nn
 
-QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations")
+QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations", "peak_parameters")
 
 
 def bytes_per_rank(model, batch_size, stage, world_size):
@@ -25,11 +25,13 @@ def bytes_per_rank(model, batch_size, stage, world_size):
     parameter trained; batch_size: the examples this rank's forward pass sees; stage: 0 (DDP), 1, 2 or 3 (ZeRO);
     world_size: the processes.
     """
-    # TODO memory_budget: return {"parameters": ..., "gradients": ..., "optimizer_state": ..., "activations": ...},
-    # in bytes, each within 1% of what one rank holds: "parameters" between steps, "gradients" when the optimizer
-    # steps, "optimizer_state" Adam's running averages (its step counts aside), "activations" what autograd keeps
-    # for backward during the forward pass of `batch_size` examples (the parameters and the loss aside, each
-    # tensor once). What a stage shards is split evenly, as one flat vector, over the world_size processes.
+    # TODO memory_budget: return a dict of the bytes for each of QUANTITIES, each within 1% of what one rank holds:
+    # "parameters" between steps, "gradients" when the optimizer steps, "optimizer_state" Adam's running averages
+    # (its step counts aside), "activations" what autograd keeps for backward during the forward pass of
+    # `batch_size` examples (the parameters and the loss aside, each tensor once), "peak_parameters" the most bytes
+    # of parameters held at once during the step. What a stage shards is split evenly over the world_size processes.
+    # At stage 3 each nn.Linear is a unit: each rank keeps its shard of the unit apart, and the unit is gathered
+    # whole, into new memory, just before its forward and again before its backward, and freed after each.
     pass  # your code
 
 
@@ -56,13 +58,14 @@ def main():
     print(f"an MLP of {args.layers} layers, {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{args.batch_size} examples per rank; MB per rank:")
     print(f"{'stage':>5} {'ranks':>5} " + " ".join(f"{q:>15}" for q in QUANTITIES) + f" {'total':>9}")
+    print("(total: the first four; the peak is the most parameters held at once, included in no total)")
     found = []
     for stage in range(4):
         for world_size in (1, 2, 4, 8):
             predicted = bytes_per_rank(model, args.batch_size, stage, world_size)
             found.append({"stage": stage, "world_size": world_size, **predicted})
             print(f"{stage:>5} {world_size:>5} " + " ".join(f"{predicted[q] / 2**20:>15.2f}" for q in QUANTITIES)
-                  + f" {sum(predicted.values()) / 2**20:>9.2f}")
+                  + f" {sum(predicted[q] for q in QUANTITIES[:4]) / 2**20:>9.2f}")  # the peak is not one more
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(found, f)

@@ -16,7 +16,7 @@ import math
 
 import torch.nn as nn
 
-QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations")
+QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations", "peak_parameters")
 
 
 def bytes_per_rank(model, batch_size, stage, world_size):
@@ -26,22 +26,28 @@ def bytes_per_rank(model, batch_size, stage, world_size):
     parameter trained; batch_size: the examples this rank's forward pass sees; stage: 0 (DDP), 1, 2 or 3 (ZeRO);
     world_size: the processes.
     """
-    # TODO memory_budget: return {"parameters": ..., "gradients": ..., "optimizer_state": ..., "activations": ...},
-    # in bytes, each within 1% of what one rank holds: "parameters" between steps, "gradients" when the optimizer
-    # steps, "optimizer_state" Adam's running averages (its step counts aside), "activations" what autograd keeps
-    # for backward during the forward pass of `batch_size` examples (the parameters and the loss aside, each
-    # tensor once). What a stage shards is split evenly, as one flat vector, over the world_size processes.
-    elements = sum(p.numel() for p in model.parameters())
+    # TODO memory_budget: return a dict of the bytes for each of QUANTITIES, each within 1% of what one rank holds:
+    # "parameters" between steps, "gradients" when the optimizer steps, "optimizer_state" Adam's running averages
+    # (its step counts aside), "activations" what autograd keeps for backward during the forward pass of
+    # `batch_size` examples (the parameters and the loss aside, each tensor once), "peak_parameters" the most bytes
+    # of parameters held at once during the step. What a stage shards is split evenly over the world_size processes.
+    # At stage 3 each nn.Linear is a unit: each rank keeps its shard of the unit apart, and the unit is gathered
+    # whole, into new memory, just before its forward and again before its backward, and freed after each.
+    units = [sum(p.numel() for p in layer.parameters()) for layer in model if isinstance(layer, nn.Linear)]
+    elements = sum(units)
     size = 4  # bytes of a float32
     shard = math.ceil(elements / world_size)  # a flat vector split evenly, the last rank's share padded
     # Each nn.Linear keeps its input for the weight's gradient; a ReLU keeps its output, which is the next
     # Linear's input: the same tensor, counted once.
     kept = sum(layer.in_features for layer in model if isinstance(layer, nn.Linear))
+    parameters = shard if stage >= 3 else elements
     return {
-        "parameters": size * (shard if stage >= 3 else elements),
+        "parameters": size * parameters,
         "gradients": size * (shard if stage >= 2 else elements),
         "optimizer_state": size * 2 * (shard if stage >= 1 else elements),
         "activations": size * batch_size * kept,
+        # stage 3: the shards, and one whole unit at a time beside them (the largest makes the peak)
+        "peak_parameters": size * (parameters + max(units) if stage >= 3 else elements),
     }
 
 
@@ -68,13 +74,14 @@ def main():
     print(f"an MLP of {args.layers} layers, {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{args.batch_size} examples per rank; MB per rank:")
     print(f"{'stage':>5} {'ranks':>5} " + " ".join(f"{q:>15}" for q in QUANTITIES) + f" {'total':>9}")
+    print("(total: the first four; the peak is the most parameters held at once, included in no total)")
     found = []
     for stage in range(4):
         for world_size in (1, 2, 4, 8):
             predicted = bytes_per_rank(model, args.batch_size, stage, world_size)
             found.append({"stage": stage, "world_size": world_size, **predicted})
             print(f"{stage:>5} {world_size:>5} " + " ".join(f"{predicted[q] / 2**20:>15.2f}" for q in QUANTITIES)
-                  + f" {sum(predicted.values()) / 2**20:>9.2f}")
+                  + f" {sum(predicted[q] for q in QUANTITIES[:4]) / 2**20:>9.2f}")  # the peak is not one more
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(found, f)

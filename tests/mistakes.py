@@ -919,8 +919,8 @@ EXERCISE_MISTAKES += [
         "        \"gradients\": size * (shard if stage >= 1 else elements),\n"),),
             "a shard was counted, where stage 1 does not shard the gradients"),
     Mistake("memory_budget_parameters_sharded_at_stage_2", "memory_budget", ((
-        "        \"parameters\": size * (shard if stage >= 3 else elements),\n",
-        "        \"parameters\": size * (shard if stage >= 2 else elements),\n"),),
+        "    parameters = shard if stage >= 3 else elements\n",
+        "    parameters = shard if stage >= 2 else elements\n"),),
             "a shard was counted, where stage 2 does not shard the parameters"),
     Mistake("memory_budget_every_output_kept", "memory_budget", ((  # each layer's output counted, the input not
         "    kept = sum(layer.in_features for layer in model if isinstance(layer, nn.Linear))\n",
@@ -929,4 +929,9 @@ EXERCISE_MISTAKES += [
     Mistake("memory_budget_shards_not_divided", "memory_budget", ((
         "    shard = math.ceil(elements / world_size)  # a flat vector split evenly, the last rank's share padded\n",
         "    shard = elements\n"),), "the whole was counted, where Adam's state is sharded at stage 1"),
+]
+EXERCISE_MISTAKES += [
+    Mistake("memory_budget_peak_without_the_gathered_unit", "memory_budget", ((  # stage 3's peak taken as its rest
+        "        \"peak_parameters\": size * (parameters + max(units) if stage >= 3 else elements),\n",
+        "        \"peak_parameters\": size * parameters,\n"),), "the parameters held at the peak, predicted"),
 ]

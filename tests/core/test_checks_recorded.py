@@ -143,9 +143,10 @@ def test_the_recordings_on_disk_are_exactly_those_the_recorder_makes() -> None:
 
 
 def _parts_run(record: dict[str, Any]) -> set[str]:
-    """The parts whose tasks made a recording's runs (a run is kept under its kind's name, `pi/3`)."""
+    """The parts (their folders in autograde/parts/) whose tasks made a recording's runs (a run is kept under its
+    kind's name, `pi/3`): those of the items that read such runs, found by where their checks live."""
     kinds = {key.split("/")[0] for key in record["runs"]}
-    return {i.part for i in registry.ITEMS for kind in i.reads if kind.name in kinds}
+    return {i.check.__module__.split(".")[2] for i in registry.ITEMS for kind in i.reads if kind.name in kinds}
 
 
 def test_every_recording_was_made_by_todays_code_inside_the_learners_processes() -> None:

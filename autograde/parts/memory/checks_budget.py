@@ -21,7 +21,7 @@ from autograde.parts.memory.reports import (
 BUDGET_RUNS = RunKind("memory_budget")
 FIRST_SHARDED = {"optimizer_state": 1, "gradients": 2, "parameters": 3}  # the stage from which each is sharded
 NAMES = {"parameters": "the parameters", "gradients": "the gradients", "optimizer_state": "Adam's state",
-         "activations": "the activations"}
+         "activations": "the activations", "peak_parameters": "the parameters held at the peak"}
 ARE = {"optimizer_state": "is"}  # the verb after NAMES[q], where it is not "are"
 
 
@@ -44,6 +44,9 @@ def _diagnose(quantity: str, ratio: float, stage: int, world_size: int) -> tuple
     if quantity in FIRST_SHARDED and _close(ratio, 1 / world_size) and not sharded:
         return (f"a shard was counted, where stage {stage} does not shard {names}",
                 f"below stage {FIRST_SHARDED[quantity]}, each rank holds the whole")
+    if quantity == "peak_parameters" and stage >= 3:
+        return "", ("at stage 3 the parameters a rank holds at once are its shards and the units gathered whole at that "
+                    "moment: which units are whole together, and which is the largest?")
     if quantity == "activations":
         return "", ("count what autograd keeps for backward during the forward pass: what each layer saves (notebook 33's "
                     "saved_tensors_hooks shows it), each tensor once, for every example")
@@ -65,11 +68,12 @@ def _judge(case: BudgetCase, world_size: int, rank: int) -> None:
 
 
 def check_memory_budget(ws: Workspace) -> str:
-    """bytes_per_rank against what each rank held in real steps of Adam at every stage (0: DDP; 1-3: ZeRO, flat
-    shards), on two MLPs (one without biases), on 2 and 3 processes: the parameters between steps, the gradients
+    """bytes_per_rank against what each rank held in real steps of Adam at every stage (0: DDP; 1-2: ZeRO on a flat
+    vector; 3: ZeRO unit by unit), on two MLPs (one without biases), on 2 and 3 processes: the parameters between steps, the gradients
     when the optimizer steps, Adam's running averages, and what autograd kept for backward during the forward pass,
-    each prediction within 1% of the bytes measured. A wrong one is named with what it most likely missed (bytes
-    counted as elements, one of Adam's two averages, a quantity sharded at the wrong stage)."""
+    and the most parameters held at once (stage 3 gathers each nn.Linear whole before its forward and its backward,
+    and frees it after), each prediction within 1% of the bytes measured. A wrong one is named with what it most
+    likely missed (bytes counted as elements, one of Adam's two averages, a quantity sharded at the wrong stage)."""
     sizes = ", ".join(map(str, BUDGET_WORLD_SIZES))
     run = ws.called(BUDGET_RUNS, sizes, f"steps of every ZeRO stage on {sizes} processes", BudgetTask(world_sizes=list(BUDGET_WORLD_SIZES)))
     reports = rank_reports(run, BudgetReport, "the file must import, and bytes_per_rank work as the TODO's contract says")
@@ -79,7 +83,9 @@ def check_memory_budget(ws: Workspace) -> str:
         for case in r.cases:
             _judge(case, r.world_size, r.rank)
     last = max(reports, key=lambda r: r.world_size)
-    kb = {c.stage: sum(c.measured.values()) / 1024 for c in last.cases if c.model == 0}
+    first = {c.stage: c.measured for c in last.cases if c.model == 0}
+    kb = {stage: sum(v for q, v in found.items() if q != "peak_parameters") / 1024 for stage, found in first.items()}
     return (f"every prediction is within 1% of the bytes measured, on 2 models, 4 stages and {sizes} processes (the "
             f"first model on {last.world_size}: " + ", ".join(f"stage {s} {v:,.0f} KB" for s, v in sorted(kb.items()))
-            + " per rank)")
+            + f" per rank; parameters at the peak {first[3]['peak_parameters'] / 1024:,.0f} KB at stage 3, "
+            f"{first[0]['peak_parameters'] / 1024:,.0f} KB under DDP)")

@@ -152,9 +152,9 @@ KFAC_CONV = "exercises/kfac_conv.py"
 
 def kfac_conv_runs(script: str = KFAC_CONV) -> dict[str, list[dict[str, Any]]]:
     """The residual network of exercises/kfac_conv.py trained with SGD and with K-FAC at one large batch, from
-    the same weights on the same batches: each run's log. Quick mode: 2 epochs of 1024 stand-in images at a
+    the same weights on the same batches: each run's log. Quick mode: 2 epochs of 512 stand-in images at a
     batch of 256; otherwise 4 epochs of 16384 at a batch of 1024."""
-    size = (["--batch-size", "256", "--epochs", "2", "--val-images", "256"] if runtime.QUICK
+    size = (["--batch-size", "256", "--epochs", "2", "--train-images", "512", "--val-images", "256"] if runtime.QUICK
             else ["--batch-size", "1024", "--epochs", "4", "--train-images", "16384", "--val-images", "2000"])
     logs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="ddp-lab-memory-") as folder:

@@ -344,7 +344,7 @@ BUDGET_MODELS: tuple[tuple[str, tuple[int, ...], bool, int], ...] = (
 )
 BUDGET_WORLD_SIZES = (2, 3)
 BUDGET_STAGES = (0, 1, 2, 3)
-BUDGET_QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations")
+BUDGET_QUANTITIES = ("parameters", "gradients", "optimizer_state", "activations", "peak_parameters")
 BUDGET_TOLERANCE = 0.01
 
 

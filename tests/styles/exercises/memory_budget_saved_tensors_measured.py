@@ -21,7 +21,12 @@ def bytes_per_rank(model, batch_size, stage, world_size):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)  # the graph is dropped at once; nothing is stepped or accumulated
 
+    peak = total
+    if stage == 3:  # each layer is gathered whole in turn; take the worst moment
+        peak = max(per_rank + sum(p.nelement() * p.element_size() for p in m.parameters())
+                   for m in model if isinstance(m, nn.Linear))
     return {
+        "peak_parameters": peak,
         "parameters": per_rank if stage == 3 else total,
         "gradients": per_rank if stage in (2, 3) else total,
         "optimizer_state": 2 * (per_rank if stage != 0 else total),  # exp_avg and exp_avg_sq

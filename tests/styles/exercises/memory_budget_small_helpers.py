@@ -27,9 +27,12 @@ def bytes_per_rank(model, batch_size, stage, world_size):
     n = _numel(model)
     shard = _split(n, world_size)
     held = lambda first_sharded_stage: shard if stage >= first_sharded_stage else n
+    biggest_unit = max(_numel(m) for m in model.modules() if isinstance(m, nn.Linear))
     return dict(
         parameters=f32 * held(3),
         gradients=f32 * held(2),
         optimizer_state=f32 * 2 * held(1),
         activations=f32 * _activation_elements(model, batch_size),
+        # ZeRO-3 gathers one layer at a time next to the shards; below it everything is always there
+        peak_parameters=f32 * (held(3) + biggest_unit if stage == 3 else n),
     )

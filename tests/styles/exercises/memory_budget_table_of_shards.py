@@ -34,4 +34,11 @@ def bytes_per_rank(model, batch_size, stage, world_size):
             current = ("relu", k)
             kept[current] = batch_size * width * itemsize  # its output, the next Linear's input
     result["activations"] = sum(kept.values())
+
+    # the peak: at stage 3 one unit at a time is whole (its own shard kept apart as well)
+    result["peak_parameters"] = whole["parameters"]
+    if "parameters" in SHARDED_AT[stage]:
+        units = [sum(p.nelement() * p.element_size() for p in m.parameters()) for m in model.children()
+                 if isinstance(m, nn.Linear)]
+        result["peak_parameters"] = result["parameters"] + max(units)
     return result

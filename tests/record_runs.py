@@ -126,19 +126,21 @@ def same_file(item: str) -> list[str]:
     return [i.id for i in registry.ITEMS if i.file == registry.item(item).file]
 
 
-FAILED: list[str] = []  # the recordings whose checker failed twice (a run spoilt from outside, say): main() names them
+FAILED: list[str] = []  # the recordings whose checker failed, or whose runs were spoilt, twice: main() names them
 
 
 def record(name: str, script: Path, steps: list[str], procs_per_node: int = 2, nodes: int = 2) -> Path:
-    """Records `script`'s runs for `steps` under `name`; once more where the checker failed (on a loaded machine a
-    run can be spoilt from outside, and the replay would then miss it)."""
+    """Records `script`'s runs for `steps` under `name`; once more where the checker failed or a run was spoilt from
+    outside (on a loaded machine gloo can lose a connection: the replay would blame the checker)."""
     for attempt in (1, 2):
         with Workspace(script, procs_per_node, nodes) as ws:
             verdicts = [judge.check(ws, step) for step in steps]
+            spoilt = api.outside_causes(ws)
             out = OUT / f"{name}.json.gz"
             ws.save(out)
-        print(f"{name}: " + ", ".join(f"{v.step} {v.status}" for v in verdicts) + f" -> {out.relative_to(settings.REPO)}")
-        if not any(v.checker_error for v in verdicts):
+        print(f"{name}: " + ", ".join(f"{v.step} {v.status}" for v in verdicts) + f" -> {out.relative_to(settings.REPO)}"
+              + (f" (spoilt from outside: {'; '.join(spoilt.values())})" if spoilt else ""))
+        if not spoilt and not any(v.checker_error for v in verdicts):
             return out
     FAILED.append(name)
     return out
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 script.write_text(mistake.apply(correct.read_text()))
                 record(name, script, sorted({mistake.step, *(s for s, _ in mistake.also_fails)}, key=registry.IDS.index))
     if FAILED:
-        print(f"the checker failed twice on {len(FAILED)} recording(s); make them again: {COMMAND} {' '.join(FAILED)}")
+        print(f"the checker failed, or a run was spoilt from outside, twice on {len(FAILED)} recording(s); make them "
+              f"again: {COMMAND} {' '.join(FAILED)}")
         return 1
     return 0
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from autograde.engine.verdicts import rank_reports, require
 from autograde.engine.workspace import RunKind, Workspace
+from autograde.parts.memory.checks_zero import steps_of
 from autograde.parts.memory.reports import (
     ACCUMULATION_BUCKET_MB,
     ACCUMULATION_MICRO_STEPS,
@@ -46,21 +47,18 @@ class Sent:
 
 
 def sent(trace: ProcessTrace) -> dict[int, Sent]:
-    """Each case's reducing calls, by case."""
+    """Each case's reducing calls, by case (the steps as checks_zero.steps_of reads them: no backward_end here)."""
     found: dict[int, Sent] = {}
-    case, forwards = None, 0
-    for e in trace.events:
-        if e["ev"] == "case_start":
-            case, forwards = int(e["case"]), 0
-            found[case] = Sent(0, 0, [])
-        elif e["ev"] == "case_end":
-            case = None
-        elif case is not None and e["ev"] == "micro_forward":
-            forwards += 1
-        elif case is not None and e["ev"] == "enter" and e.get("call") in REDUCING:
-            found[case].calls += 1
-            found[case].elements += int(e.get("numel") or 0)
-            found[case].micro.append(forwards)
+    for step in steps_of(trace):
+        forwards, s = 0, Sent(0, 0, [])
+        for e in step.during:
+            if e["ev"] == "micro_forward":
+                forwards += 1
+            elif e["ev"] == "enter" and e.get("call") in REDUCING:
+                s.calls += 1
+                s.elements += int(e.get("numel") or 0)
+                s.micro.append(forwards)
+        found[step.case] = s
     return found
 
 
